@@ -1,0 +1,1 @@
+"""Simulator, emulated workers, load generator and benchmarks (`kvgate bench ...`)."""

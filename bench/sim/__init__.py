@@ -1,0 +1,1 @@
+"""Trace-driven, discrete-event cluster simulator in virtual time."""

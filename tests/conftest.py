@@ -1,0 +1,33 @@
+"""Shared fixtures: one real, embedded redis-server for the whole session (DESIGN.md: no mocks)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from plugin.redis_server import EmbeddedRedis
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: EmbeddedRedis) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """A client on a flushed database; closed after the test."""
+    client = aioredis.Redis.from_url(redis_url, decode_responses=False)
+    await client.flushdb()
+    try:
+        yield client
+    finally:
+        await client.flushdb()
+        await client.aclose()
