@@ -1,0 +1,56 @@
+"""Background tasks that are neither garbage-collected mid-run nor fail silently.
+
+The asyncio loop keeps only weak references to tasks, so a task nobody holds can vanish before it
+finishes; an exception in a task nobody awaits is only reported when the task is collected, if ever.
+`spawn()` is the one place kvgate creates tasks (ruff TID251 bans raw `asyncio.create_task`): it
+keeps a strong reference until the task is done and logs any exception it ends with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# strong references to running tasks; each removes itself when done
+_RUNNING: set[asyncio.Task[Any]] = set()
+
+
+def spawn(coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
+    """Run `coro` as a task named `name`; keep it alive until done and log an exception it raises.
+
+    Cancel the returned task to stop it (and await it to wait for the stop); cancellation is not
+    logged as an error.
+    """
+    task = asyncio.create_task(coro, name=name)  # noqa: TID251 - this is the sanctioned wrapper
+    _RUNNING.add(task)
+    task.add_done_callback(_finished)
+    return task
+
+
+def running() -> int:
+    """Tasks started by `spawn()` that have not finished yet (for tests and shutdown logs)."""
+    return len(_RUNNING)
+
+
+async def cancel_and_wait(*tasks: asyncio.Task[Any] | None) -> None:
+    """Cancel the given tasks (None is skipped) and wait until each has finished."""
+    live = [t for t in tasks if t is not None and not t.done()]
+    for task in live:
+        task.cancel()
+    if live:
+        await asyncio.gather(*live, return_exceptions=True)
+
+
+def _finished(task: asyncio.Task[Any]) -> None:
+    _RUNNING.discard(task)
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        logger.error("task %s failed", task.get_name(), exc_info=exc)
