@@ -1,0 +1,141 @@
+"""`kvgate demo`: the whole product on one machine, kvgate routing against round-robin.
+
+Starts an embedded Redis, 4 emulated vLLM workers with their agents, and the gateway; replays the
+tenant-system-prompts scenario (bench/live_scenarios.py) through the gateway once with kvgate's
+routing and once with round-robin (worker caches reset in between), and prints TTFT p50/p99, the
+prefix-cache hit rate from the workers' own counters, and throughput for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench.live_scenarios import TenantPromptsScenario
+from bench.loadgen import LiveResult, percentile, run_open_loop
+from bench.stack import Stack
+
+WORKERS = 4
+PROFILE = "h100-llama3.1-8b"
+# 2,000 blocks × 16 tokens = 32k tokens of KV per worker: small enough that the 12 tenants'
+# 6k-token prompts (72k tokens) do not fit in one worker but fit in the cluster (128k).
+NUM_GPU_BLOCKS = 2000
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    policy: str
+    ttft_p50: float
+    ttft_p99: float
+    hit_rate: float
+    throughput_rps: float
+    errors: int
+
+
+def gateway_config(policy: str, model: str) -> str:
+    return f'[routing]\npolicy = "{policy}"\n\n[models."{model}"]\n'
+
+
+def prefix_cache_counters(worker_urls: list[str]) -> tuple[float, float]:
+    """Sum of vllm:prefix_cache_hits_total and vllm:prefix_cache_queries_total over the workers."""
+    hits = queries = 0.0
+    for url in worker_urls:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        for line in text.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name == "vllm:prefix_cache_hits_total":
+                hits += float(line.rsplit(" ", 1)[1])
+            elif name == "vllm:prefix_cache_queries_total":
+                queries += float(line.rsplit(" ", 1)[1])
+    return hits, queries
+
+
+def reset_caches(worker_urls: list[str]) -> None:
+    for url in worker_urls:
+        req = urllib.request.Request(f"{url}/reset_prefix_cache", method="POST", data=b"")
+        urllib.request.urlopen(req, timeout=5).close()
+
+
+def summarize(
+    policy: str, results: list[LiveResult], wall_s: float, hits: float, queries: float
+) -> RunSummary:
+    ok = [r for r in results if r.ok]
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    return RunSummary(
+        policy=policy,
+        ttft_p50=percentile(ttfts, 50),
+        ttft_p99=percentile(ttfts, 99),
+        hit_rate=hits / queries if queries else 0.0,
+        throughput_rps=len(ok) / wall_s if wall_s > 0 else 0.0,
+        errors=len(results) - len(ok),
+    )
+
+
+def run_policy(stack: Stack, policy: str, scenario: TenantPromptsScenario, work_dir: Path) -> RunSummary:
+    config = work_dir / f"gateway-{policy}.toml"
+    config.write_text(gateway_config(policy, scenario.model))
+    gateway = stack.start_gateway(policy, config=config)
+    reset_caches(stack.worker_urls)
+    hits0, queries0 = prefix_cache_counters(stack.worker_urls)
+    started = time.perf_counter()
+    results = asyncio.run(run_open_loop(gateway, scenario.build()))
+    wall_s = time.perf_counter() - started
+    hits1, queries1 = prefix_cache_counters(stack.worker_urls)
+    stack.stop_process(f"gateway-{policy}")
+    return summarize(policy, results, wall_s, hits1 - hits0, queries1 - queries0)
+
+
+def print_table(runs: list[RunSummary], scenario: TenantPromptsScenario) -> None:
+    pressure = scenario.working_set_tokens() / (NUM_GPU_BLOCKS * 16)
+    print(
+        f"\nscenario: {scenario.tenants} tenants × {scenario.system_tokens}-token system prompts, "
+        f"{scenario.requests} requests at {scenario.rate_rps}/s, {WORKERS} workers; "
+        f"cache pressure {pressure:.2f}× one worker's KV"
+    )
+    print(f"{'policy':<12} {'TTFT p50':>10} {'TTFT p99':>10} {'hit rate':>9} {'req/s':>7} {'errors':>6}")
+    for r in runs:
+        print(
+            f"{r.policy:<12} {r.ttft_p50 * 1000:>8.1f}ms {r.ttft_p99 * 1000:>8.1f}ms "
+            f"{r.hit_rate:>9.1%} {r.throughput_rps:>7.2f} {r.errors:>6}"
+        )
+    if len(runs) == 2 and runs[0].ttft_p50 > 0:
+        print(f"\nTTFT p50: kvgate is {runs[1].ttft_p50 / runs[0].ttft_p50:.1f}× faster than round-robin")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="kvgate demo", description=__doc__)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--requests", type=int, default=240)
+    parser.add_argument("--rate", type=float, default=8.0, help="requests per second (open loop)")
+    parser.add_argument("--logs", type=Path, help="keep process logs here (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    scenario = TenantPromptsScenario(requests=args.requests, rate_rps=args.rate)
+    with tempfile.TemporaryDirectory(prefix="kvgate-demo-") as tmp:
+        work_dir = args.logs or Path(tmp)
+        with Stack(log_dir=work_dir) as stack:
+            print("starting embedded Redis, 4 emulated workers with agents ...", file=sys.stderr)
+            stack.start_redis()
+            for i in range(WORKERS):
+                worker_id = f"w{i}"
+                url = stack.start_worker(
+                    worker_id, model=scenario.model, profile=PROFILE, time_scale=1.0,
+                    extra=["--num-gpu-blocks", str(NUM_GPU_BLOCKS)],
+                )  # fmt: skip
+                stack.start_agent(worker_id, url, model=scenario.model)
+            runs = []
+            for policy in ("kvgate", "round_robin"):
+                print(f"replaying {scenario.requests} requests with {policy} routing ...", file=sys.stderr)
+                runs.append(run_policy(stack, policy, scenario, work_dir))
+    runs.sort(key=lambda r: r.policy)  # kvgate, round_robin
+    print_table(runs, scenario)
+    if args.json:
+        args.json.write_text(json.dumps({"runs": [asdict(r) for r in runs]}, indent=2))
+    return 0 if all(r.errors == 0 for r in runs) else 1
