@@ -1,0 +1,190 @@
+"""`kvgate bench overhead`: what the kvgate addon costs over a bare mitmdump reverse proxy.
+
+Three targets in front of one trivial upstream (bench/echo_upstream.py, which answers at once so
+that the proxies are what saturates): `direct` (no proxy), `mitmdump` (bare reverse proxy with the
+same settings kvgate uses) and `kvgate` (the full addon: parsing, hashing, admission through
+Redis, routing, release, metrics). For each: saturation requests/s with a closed loop of
+concurrent clients; then, open loop at half of bare mitmdump's saturation rate, latency p50/p99 of
+non-streaming requests and TTFT p50 of streaming ones. Requests carry 4k-token prompts (a shared
+system prompt + a unique question). Results are ratios within one run (the machine is noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+
+from bench.live_scenarios import filler_text
+from bench.loadgen import LiveRequest, percentile, run_open_loop
+from bench.stack import Stack, wait_http_ok
+from plugin.redis_server import free_port
+
+MODEL = "bench-model"
+PROMPT_TOKENS = 4000
+
+
+def make_body(rng: random.Random, system: str, i: int, *, stream: bool) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"q{i} " + filler_text(rng, 40)},
+        ],
+        "max_tokens": 8,
+        "stream": stream,
+    }
+
+
+async def saturation_rps(base_url: str, bodies: Callable[[int], dict[str, object]], *, concurrency: int,
+                         duration_s: float) -> float:  # fmt: skip
+    """Closed loop: `concurrency` clients on keep-alive connections send back to back for `duration_s`."""
+    done = 0
+    errors = 0
+    stop_at = time.perf_counter() + duration_s
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(base_url, connector=connector) as session:
+
+        async def client(c: int) -> None:
+            nonlocal done, errors
+            i = c
+            while time.perf_counter() < stop_at:
+                async with session.post("/v1/chat/completions", json=bodies(i)) as resp:
+                    await resp.read()
+                    if resp.status == 200:
+                        done += 1
+                    else:
+                        errors += 1
+                i += concurrency
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client(c) for c in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    if errors:
+        print(f"  warning: {errors} non-200 answers from {base_url}", file=sys.stderr)
+    return done / elapsed
+
+
+async def open_loop_latency(base_url: str, bodies: Callable[[int], dict[str, object]], *, rate_rps: float,
+                            duration_s: float) -> tuple[float, float, int]:  # fmt: skip
+    """Open loop, non-streaming: (p50, p99, errors) of request latency."""
+    latencies: list[float] = []
+    errors = 0
+    n = int(rate_rps * duration_s)
+    async with aiohttp.ClientSession(base_url, connector=aiohttp.TCPConnector(limit=1024)) as session:
+        start = time.perf_counter()
+
+        async def one(i: int) -> None:
+            nonlocal errors
+            delay = start + i / rate_rps - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sent = time.perf_counter()
+            async with session.post("/v1/chat/completions", json=bodies(i)) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    errors += 1
+                    return
+            latencies.append(time.perf_counter() - sent)
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+    return percentile(latencies, 50), percentile(latencies, 99), errors
+
+
+def measure(url: str, args: argparse.Namespace, rate: float | None, system: str) -> dict[str, float]:
+    rng = random.Random(7)
+
+    def plain(i: int) -> dict[str, object]:
+        return make_body(rng, system, i, stream=False)
+
+    sat = asyncio.run(saturation_rps(url, plain, concurrency=args.concurrency, duration_s=args.seconds))
+    out: dict[str, float] = {"saturation_rps": sat}
+    if rate is not None:
+        p50, p99, errors = asyncio.run(open_loop_latency(url, plain, rate_rps=rate, duration_s=args.seconds))
+        streams = [
+            LiveRequest(send_at_s=i / rate, body=make_body(rng, system, i, stream=True))
+            for i in range(int(rate * args.seconds))
+        ]
+        results = asyncio.run(run_open_loop(url, streams))
+        ttfts = [r.ttft_s for r in results if r.ok and r.ttft_s is not None]
+        out |= {"p50": p50, "p99": p99, "ttft_p50": percentile(ttfts, 50), "rate_rps": rate,
+                "errors": errors + sum(1 for r in results if not r.ok)}  # fmt: skip
+    return out
+
+
+def kvgate_config(path: Path) -> Path:
+    # quotas far above what the benchmark offers: admission is measured, not exercised
+    path.write_text(f'[models."{MODEL}"]\n\n[admission]\ndefault_total = 100000\n')
+    return path
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="kvgate bench overhead", description=__doc__)
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--seconds", type=float, default=8.0, help="length of each measurement")
+    parser.add_argument("--concurrency", type=int, default=32, help="closed-loop clients at saturation")
+    args = parser.parse_args(argv)
+    rng = random.Random(1)
+    system = filler_text(rng, PROMPT_TOKENS)
+    with tempfile.TemporaryDirectory(prefix="kvgate-overhead-") as tmp, Stack(log_dir=Path(tmp)) as stack:
+        stack.start_redis()
+        up_port = free_port()
+        upstream = stack.spawn(
+            "upstream", [sys.executable, "-m", "bench.echo_upstream", "--port", str(up_port)]
+        )
+        upstream_url = f"http://127.0.0.1:{up_port}"
+        wait_http_ok(f"{upstream_url}/health", 20, upstream.proc)
+        mitm_port = free_port()
+        mitm = stack.spawn("mitmdump", [
+            str(Path(sys.executable).with_name("mitmdump")), "--mode", f"reverse:{upstream_url}",
+            "--listen-host", "127.0.0.1", "-p", str(mitm_port), "-q",
+            "--set", "connection_strategy=lazy", "--set", f"confdir={tmp}/mitm",
+            "--set", "onboarding=false", "--set", "flow_detail=0",
+        ])  # fmt: skip
+        mitm_url = f"http://127.0.0.1:{mitm_port}"
+        wait_http_ok(f"{mitm_url}/health", 30, mitm.proc)
+        kvgate_url = stack.start_gateway(
+            "bench", config=kvgate_config(Path(tmp) / "kvgate.toml"),
+            extra=["--worker", upstream_url, "--model", MODEL],
+        )  # fmt: skip
+        print("measuring bare mitmdump saturation ...", file=sys.stderr)
+        mitm_sat = measure(mitm_url, args, None, system)["saturation_rps"]
+        rate = mitm_sat / 2
+        report: dict[str, object] = {}
+        for name, url in (("direct", upstream_url), ("mitmdump", mitm_url), ("kvgate", kvgate_url)):
+            print(f"measuring {name} (open loop at {rate:.0f} req/s) ...", file=sys.stderr)
+            report[name] = measure(url, args, rate, system)
+    direct, mitm_r, kv = (report[k] for k in ("direct", "mitmdump", "kvgate"))
+    assert isinstance(mitm_r, dict) and isinstance(kv, dict) and isinstance(direct, dict)
+    report |= {
+        "addon_added_p50": kv["p50"] - mitm_r["p50"],
+        "addon_added_p99": kv["p99"] - mitm_r["p99"],
+        "addon_ttft_added_p50": kv["ttft_p50"] - mitm_r["ttft_p50"],
+        "rps_ratio_vs_mitmdump": kv["saturation_rps"] / mitm_r["saturation_rps"],
+        "prompt_tokens": PROMPT_TOKENS,
+    }
+    print(
+        f"\n{'target':<10} {'sat req/s':>10} {'p50':>9} {'p99':>9} {'TTFT p50':>9}   (open loop {rate:.0f}/s)"
+    )
+    for name in ("direct", "mitmdump", "kvgate"):
+        r = report[name]
+        assert isinstance(r, dict)
+        print(f"{name:<10} {r['saturation_rps']:>10.0f} {r['p50'] * 1e3:>7.2f}ms {r['p99'] * 1e3:>7.2f}ms "
+              f"{r['ttft_p50'] * 1e3:>7.2f}ms")  # fmt: skip
+    print(
+        f"\naddon adds p50 {report['addon_added_p50'] * 1e3:+.2f} ms,"
+        f" p99 {report['addon_added_p99'] * 1e3:+.2f} ms,"
+        f" TTFT p50 {report['addon_ttft_added_p50'] * 1e3:+.2f} ms;"
+        f" saturation {report['rps_ratio_vs_mitmdump']:.0%} of bare mitmdump"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
