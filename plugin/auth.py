@@ -1,0 +1,88 @@
+"""Who is asking and how urgently: tenant from the API key, priority band and wait budget from headers.
+
+Pure functions over header values and the config, so the tables are unit-tested directly.
+A request's band is what it asks for (header), else its tenant's default, clamped to the tenant's
+maximum; its wait budget is the config default, lowered (never raised) by the wait header.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from plugin.config import GatewayConfig, TenantSection
+from plugin.errors import GatewayError
+from policy.types import Band
+
+DEFAULT_TENANT = TenantSection()
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    tenant: str
+    band: Band
+    max_wait_s: float  # 0 = do not queue
+
+
+class Auth:
+    """Resolves a request's tenant, band and wait budget from the config (built once per config)."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.tenant_of_key = config.key_to_tenant()
+        self.tenants: Mapping[str, TenantSection] = config.tenants
+
+    def tenant(self, authorization: str | None) -> str:
+        """Tenant of an Authorization header value; GatewayError 401 when auth is on and it is unknown."""
+        key = bearer_token(authorization)
+        if key is not None and (tenant := self.tenant_of_key.get(key)) is not None:
+            return tenant
+        if self.config.auth.enabled:
+            if key is None:
+                raise GatewayError(401, "missing_api_key", "send an API key as 'Authorization: Bearer <key>'")
+            raise GatewayError(401, "invalid_api_key", "unknown API key")
+        return self.config.auth.default_tenant
+
+    def band(self, tenant: str, header_value: str | None) -> Band:
+        """The band asked for (else the tenant's default), clamped to the tenant's maximum; 400 if bad."""
+        section = self.tenants.get(tenant, DEFAULT_TENANT)
+        if header_value is None or not header_value.strip():
+            asked = Band.parse(section.default_band)
+        else:
+            try:
+                asked = Band.parse(header_value)
+            except ValueError as e:
+                raise GatewayError(400, "invalid_priority", f"{self.config.priority.header}: {e}") from None
+        return min(asked, Band.parse(section.max_band))
+
+    def max_wait_s(self, header_value: str | None) -> float:
+        """Queue wait budget in seconds: the config default, or the header's value if lower (0 = no wait)."""
+        default_ms = self.config.admission.max_wait_ms
+        if header_value is None or not header_value.strip():
+            return default_ms / 1000
+        try:
+            asked_ms = int(header_value.strip())
+        except ValueError:
+            raise GatewayError(
+                400, "invalid_wait_budget", f"{self.config.priority.wait_header} must be integer milliseconds"
+            ) from None
+        if asked_ms < 0:
+            raise GatewayError(400, "invalid_wait_budget", f"{self.config.priority.wait_header} must be >= 0")
+        return min(asked_ms, default_ms) / 1000
+
+    def caller(self, headers: Mapping[str, str]) -> Caller:
+        tenant = self.tenant(headers.get("authorization"))
+        return Caller(
+            tenant=tenant,
+            band=self.band(tenant, headers.get(self.config.priority.header)),
+            max_wait_s=self.max_wait_s(headers.get(self.config.priority.wait_header)),
+        )
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()

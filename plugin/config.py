@@ -1,0 +1,259 @@
+"""The gateway's configuration: one TOML file, validated at start, errors that name the key path.
+
+Sections and defaults live in the dataclasses below (the one place defaults are written); the
+documented example is examples/kvgate.toml. Unknown keys are rejected, a bad value is an error and
+never a quiet default. Per-process knobs (config path, Redis URL, gateway id) are mitmproxy `--set`
+options declared by the addon, not settings here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from policy.types import Band
+
+
+class ConfigError(ValueError):
+    """A config value is invalid; the message starts with the key path (`limits.max_messages: ...`)."""
+
+    def __init__(self, path: str, value: object, reason: str) -> None:
+        super().__init__(f"{path}: {value!r}: {reason}")
+        self.path = path
+
+
+@dataclass(frozen=True)
+class GatewaySection:
+    response_headers: bool = field(default=True, metadata={"help": "send x-kvgate-worker / -queued-ms"})
+    drain_timeout_ms: int = field(default=30_000, metadata={"help": "SIGTERM: how long live streams may run"})
+    upstream_scheme: str = field(default="http", metadata={"help": "scheme used when a worker URL has none"})
+
+    def __post_init__(self) -> None:
+        _at_least("gateway.drain_timeout_ms", self.drain_timeout_ms, 0)
+        _one_of("gateway.upstream_scheme", self.upstream_scheme, ("http", "https"))
+
+
+@dataclass(frozen=True)
+class LimitsSection:
+    max_body_bytes: int = 4_000_000
+    max_messages: int = 2_048
+    max_prompt_chars: int = 2_000_000
+    max_tokens: int = 131_072  # upper bound accepted for max_tokens / max_completion_tokens
+    default_max_tokens: int = 256  # assumed output length when the request gives none (seats, routing)
+    max_n: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_messages", "max_prompt_chars", "max_tokens", "max_n"):
+            _at_least(f"limits.{name}", getattr(self, name), 1)
+        _at_least("limits.default_max_tokens", self.default_max_tokens, 1)
+        if self.default_max_tokens > self.max_tokens:
+            raise ConfigError(
+                "limits.default_max_tokens", self.default_max_tokens, "must be <= limits.max_tokens"
+            )
+
+
+@dataclass(frozen=True)
+class TenantSection:
+    api_keys: list[str] = field(default_factory=list)
+    max_band: str = "high"  # the most urgent band this tenant may ask for; higher asks are clamped
+    default_band: str = "normal"
+
+    def check(self, path: str) -> None:
+        for name in ("max_band", "default_band"):
+            try:
+                Band.parse(getattr(self, name))
+            except ValueError as e:
+                raise ConfigError(f"{path}.{name}", getattr(self, name), str(e)) from None
+
+
+@dataclass(frozen=True)
+class AuthSection:
+    enabled: bool = False  # on: a request without a known Bearer key gets 401
+    default_tenant: str = "default"  # tenant of requests without a key while auth is off
+
+
+@dataclass(frozen=True)
+class PrioritySection:
+    header: str = "x-kvgate-priority"
+    wait_header: str = "x-kvgate-max-wait-ms"
+
+    def __post_init__(self) -> None:
+        for name in ("header", "wait_header"):
+            value = getattr(self, name)
+            if not value or not all(c.isalnum() or c in "-_" for c in value):
+                raise ConfigError(
+                    f"priority.{name}", value, "must be a header name (letters, digits, - or _)"
+                )
+
+
+@dataclass(frozen=True)
+class AdmissionSection:
+    max_wait_ms: int = 30_000  # default wait budget in the queue; the wait header may lower it
+    lease_ms: int = 10_000
+    renew_every_ms: int = 2_000
+    # concurrent requests per model across all gateways when [models."<m>"].total is not set;
+    # 0 = derive from the workers (sum of their max_concurrency)
+    default_total: int = 0
+
+    def __post_init__(self) -> None:
+        _at_least("admission.max_wait_ms", self.max_wait_ms, 0)
+        _at_least("admission.default_total", self.default_total, 0)
+        _at_least("admission.lease_ms", self.lease_ms, 100)
+        _at_least("admission.renew_every_ms", self.renew_every_ms, 10)
+        if self.renew_every_ms * 2 > self.lease_ms:
+            raise ConfigError("admission.renew_every_ms", self.renew_every_ms, "must be <= lease_ms / 2")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    total: int = 0  # concurrent requests of this model across all gateways; 0 = admission.default_total
+
+    def check(self, path: str) -> None:
+        _at_least(f"{path}.total", self.total, 0)
+
+
+@dataclass(frozen=True)
+class RoutingSection:
+    policy: str = "kvgate"  # kvgate | round_robin | least_loaded
+    chunk_chars: int = 256  # approximate mode: characters per hashed prefix block
+    refresh_ms: int = 500  # worker registry mirror refresh period
+    write_index: bool = True  # approximate mode: write index entries to Redis after routing
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _one_of("routing.policy", self.policy, ("kvgate", "round_robin", "least_loaded"))
+        _at_least("routing.chunk_chars", self.chunk_chars, 16)
+        _at_least("routing.refresh_ms", self.refresh_ms, 50)
+
+
+@dataclass(frozen=True)
+class StreamingSection:
+    # ask the worker for the usage chunk so cached tokens are measured; removed again from the
+    # client's stream when the client did not ask for it
+    collect_usage: bool = True
+
+
+@dataclass(frozen=True)
+class DecisionLogSection:
+    redis_stream: bool = True  # XADD one record per request to kvg:decisions (capped)
+    stream_maxlen: int = 10_000
+    log: bool = False  # also write each record to the Python log (INFO, logger plugin.decision_log)
+
+    def __post_init__(self) -> None:
+        _at_least("decision_log.stream_maxlen", self.stream_maxlen, 1)
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    gateway: GatewaySection = field(default_factory=GatewaySection)
+    limits: LimitsSection = field(default_factory=LimitsSection)
+    auth: AuthSection = field(default_factory=AuthSection)
+    tenants: dict[str, TenantSection] = field(default_factory=dict)
+    priority: PrioritySection = field(default_factory=PrioritySection)
+    admission: AdmissionSection = field(default_factory=AdmissionSection)
+    models: dict[str, ModelSection] = field(default_factory=dict)
+    routing: RoutingSection = field(default_factory=RoutingSection)
+    streaming: StreamingSection = field(default_factory=StreamingSection)
+    decision_log: DecisionLogSection = field(default_factory=DecisionLogSection)
+
+    def __post_init__(self) -> None:
+        for name, model in self.models.items():
+            model.check(f"models.{name}")
+        seen: dict[str, str] = {}
+        for name, tenant in self.tenants.items():
+            tenant.check(f"tenants.{name}")
+            for i, key in enumerate(tenant.api_keys):
+                if not key:
+                    raise ConfigError(f"tenants.{name}.api_keys[{i}]", key, "must not be empty")
+                if key in seen:
+                    raise ConfigError(f"tenants.{name}.api_keys[{i}]", "***", f"already used by {seen[key]}")
+                seen[key] = name
+
+    def key_to_tenant(self) -> dict[str, str]:
+        return {key: name for name, t in self.tenants.items() for key in t.api_keys}
+
+
+def load_config(path: str | Path | None) -> GatewayConfig:
+    """Read and validate a TOML file; None or "" gives the defaults. Raises ConfigError."""
+    if not path:
+        return GatewayConfig()
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError("kvgate_config", str(path), f"cannot read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("kvgate_config", str(path), f"invalid TOML: {e}") from None
+    return config_from_dict(data)
+
+
+def config_from_dict(data: Mapping[str, Any]) -> GatewayConfig:
+    """Build a GatewayConfig from parsed TOML (tests use this too). Raises ConfigError."""
+    return _build(GatewayConfig, data, "")
+
+
+def _build(cls: type[Any], data: object, path: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(path or "<root>", data, "must be a table")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            raise ConfigError(_join(path, key), data[key], f"unknown key (known: {', '.join(sorted(names))})")
+    kwargs = {key: _convert(hints[key], value, _join(path, key)) for key, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(path or "<root>", dict(data), str(e)) from None
+
+
+def _convert(hint: Any, value: object, path: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return _build(typing.cast(type[Any], hint), value, path)
+    if origin is dict:
+        _, value_hint = typing.get_args(hint)
+        if not isinstance(value, Mapping):
+            raise ConfigError(path, value, "must be a table")
+        return {str(k): _convert(value_hint, v, _join(path, str(k))) for k, v in value.items()}
+    if origin is list:
+        (item_hint,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(path, value, "must be an array")
+        return [_convert(item_hint, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin in (typing.Union, types.UnionType):
+        raise TypeError(f"unsupported config type {hint} at {path}")
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(path, value, "must be true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(path, value, "must be an integer")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(path, value, "must be a string")
+        return value
+    raise TypeError(f"unsupported config type {hint} at {path}")
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _at_least(path: str, value: int, low: int) -> None:
+    if value < low:
+        raise ConfigError(path, value, f"must be >= {low}")
+
+
+def _one_of(path: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(path, value, f"must be one of {', '.join(choices)}")

@@ -1,0 +1,86 @@
+"""Tenant from the API key, priority band clamped per tenant, wait budget from the header."""
+
+from __future__ import annotations
+
+import pytest
+
+from plugin.auth import Auth, bearer_token
+from plugin.config import config_from_dict
+from plugin.errors import GatewayError
+from policy.types import Band
+
+TENANTS = {
+    "gold": {"api_keys": ["k-gold"], "max_band": "high"},
+    "batch": {"api_keys": ["k-batch"], "max_band": "low", "default_band": "low"},
+}
+OPEN = Auth(config_from_dict({"tenants": TENANTS, "admission": {"max_wait_ms": 5000}}))
+CLOSED = Auth(config_from_dict({"tenants": TENANTS, "auth": {"enabled": True}}))
+
+
+@pytest.mark.parametrize(
+    ("auth", "header", "tenant"),
+    [
+        pytest.param(OPEN, "Bearer k-gold", "gold", id="known key"),
+        pytest.param(OPEN, "bearer  k-batch ", "batch", id="case and spaces"),
+        pytest.param(OPEN, None, "default", id="auth off, no key: default tenant"),
+        pytest.param(OPEN, "Bearer nope", "default", id="auth off, unknown key: default tenant"),
+        pytest.param(CLOSED, "Bearer k-gold", "gold", id="auth on, known key"),
+    ],
+)
+def test_tenant(auth: Auth, header: str | None, tenant: str) -> None:
+    assert auth.tenant(header) == tenant
+
+
+@pytest.mark.parametrize(
+    ("header", "code"),
+    [(None, "missing_api_key"), ("Bearer nope", "invalid_api_key"), ("Basic k-gold", "missing_api_key")],
+    ids=["no key", "unknown key", "not a bearer key"],
+)
+def test_auth_on_rejects(header: str | None, code: str) -> None:
+    with pytest.raises(GatewayError) as info:
+        CLOSED.tenant(header)
+    assert (info.value.status, info.value.code) == (401, code)
+
+
+@pytest.mark.parametrize(
+    ("tenant", "header", "band"),
+    [
+        pytest.param("gold", "high", Band.HIGH, id="high allowed"),
+        pytest.param("gold", None, Band.NORMAL, id="no header: tenant default"),
+        pytest.param("gold", "5", Band.HIGH, id="positive integer is high"),
+        pytest.param("gold", "-1", Band.LOW, id="negative integer is low"),
+        pytest.param("batch", "high", Band.LOW, id="clamped to the tenant's max"),
+        pytest.param("batch", None, Band.LOW, id="tenant default low"),
+        pytest.param("default", "LOW", Band.LOW, id="unknown tenant, any case"),
+    ],
+)
+def test_band(tenant: str, header: str | None, band: Band) -> None:
+    assert OPEN.band(tenant, header) is band
+
+
+def test_bad_priority_is_400() -> None:
+    with pytest.raises(GatewayError) as info:
+        OPEN.band("gold", "urgent")
+    assert info.value.status == 400
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [(None, 5.0), ("0", 0.0), ("250", 0.25), ("999999", 5.0)],
+    ids=["default", "zero means no wait", "lowered", "never raised above the config"],
+)
+def test_wait_budget(header: str | None, seconds: float) -> None:
+    assert OPEN.max_wait_s(header) == seconds
+
+
+@pytest.mark.parametrize("header", ["soon", "-5", "1.5"])
+def test_bad_wait_budget_is_400(header: str) -> None:
+    with pytest.raises(GatewayError) as info:
+        OPEN.max_wait_s(header)
+    assert info.value.status == 400
+
+
+def test_bearer_token() -> None:
+    assert bearer_token("Bearer abc") == "abc"
+    assert bearer_token("Bearer ") is None
+    assert bearer_token("") is None

@@ -1,0 +1,79 @@
+"""Gateway config: defaults, the shipped example, and errors that name the key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from plugin.config import ConfigError, GatewayConfig, config_from_dict, load_config
+
+EXAMPLE = Path(__file__).parents[3] / "examples" / "kvgate.toml"
+
+
+def test_defaults_without_a_file() -> None:
+    assert load_config(None) == GatewayConfig()
+    assert load_config("") == GatewayConfig()
+
+
+def test_shipped_example_loads() -> None:
+    config = load_config(EXAMPLE)
+    assert config.priority.header == "x-kvgate-priority"
+    assert config.key_to_tenant()  # the example documents a tenant with a key
+
+
+def test_tenants_and_models() -> None:
+    config = config_from_dict(
+        {
+            "auth": {"enabled": True},
+            "tenants": {"acme": {"api_keys": ["k1", "k2"], "max_band": "normal"}},
+            "models": {"llama": {"total": 8}},
+            "admission": {"default_total": 100000},
+        }
+    )
+    assert config.key_to_tenant() == {"k1": "acme", "k2": "acme"}
+    assert config.models["llama"].total == 8
+
+
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        pytest.param({"nope": 1}, "nope", id="unknown top-level key"),
+        pytest.param(
+            {"limits": {"max_bodybytes": 1}}, "limits.max_bodybytes", id="unknown nested key (typo)"
+        ),
+        pytest.param({"limits": {"max_messages": 0}}, "limits.max_messages", id="limit below 1"),
+        pytest.param({"limits": {"max_messages": "9"}}, "limits.max_messages", id="string for an integer"),
+        pytest.param({"limits": {"max_n": True}}, "limits.max_n", id="bool is not an integer"),
+        pytest.param({"gateway": {"response_headers": 1}}, "gateway.response_headers", id="int for a bool"),
+        pytest.param({"limits": []}, "limits", id="array for a table"),
+        pytest.param({"tenants": {"a": {"max_band": "urgent"}}}, "tenants.a.max_band", id="unknown band"),
+        pytest.param({"tenants": {"a": {"api_keys": "k"}}}, "tenants.a.api_keys", id="string for an array"),
+        pytest.param(
+            {"tenants": {"a": {"api_keys": ["k"]}, "b": {"api_keys": ["k"]}}},
+            "tenants.b.api_keys[0]",
+            id="one key for two tenants",
+        ),
+        pytest.param({"routing": {"policy": "random"}}, "routing.policy", id="unknown policy"),
+        pytest.param(
+            {"admission": {"lease_ms": 1000, "renew_every_ms": 900}},
+            "admission.renew_every_ms",
+            id="renewal slower than half the lease",
+        ),
+        pytest.param({"priority": {"header": "x kvgate"}}, "priority.header", id="header name with a space"),
+        pytest.param({"models": {"m": {"total": -1}}}, "models.m.total", id="negative model quota"),
+    ],
+)
+def test_invalid_config_names_the_key(data: dict[str, object], path: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data)
+    assert str(info.value).startswith(f"{path}:")
+
+
+def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[limits\n")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(bad)
