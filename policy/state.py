@@ -1,0 +1,142 @@
+"""`RoutingState`: the history a routing policy needs, as pure data, with the two calls around a decision.
+
+    view = state.prepare(request fields..., workers=views, now_s=t)   # prefix hits, sticky worker, rate
+    decision = policy.decide(view, views, rng, now_s=t)                # pure, no side effects
+    state.commit(view, decision, now_s=t)                              # index insert, sticky, rate
+
+The simulator adapter (bench/sim/policy_router.py) and the gateway call exactly these.
+
+Held here:
+  index      `PrefixIndex` of block hashes per worker. In approximate mode (`insert_on_commit=True`) the
+             routed request's blocks are inserted for its worker at commit; in exact mode KV events fill it.
+  stats      per block hash (bounded LRU, `stats_max_entries`): the worker the prefix ending at that block
+             was last routed to, since when it has been on that worker (`since_s`), when it was last seen,
+             and its request rate as an EWMA (half-life `rate_half_life_s`; a steady stream of λ req/s
+             reads λ).
+  joined     when each worker was first seen (cold-start exploration when the view has no `joined_s`).
+
+Sticky key: the deepest block of the request whose stats exist and whose prefix covers at least
+`min_cache_gain` of the prompt (shorter shared prefixes, such as one short system prompt, carry no
+stickiness). `prefix_rate` is that key's rate: a hot shared prefix reads high, one conversation low.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from policy.config import RoutingConfig
+from policy.index import PrefixIndex
+from policy.types import Band, Decision, RequestView, WorkerView
+
+
+@dataclass(slots=True)
+class PrefixStat:
+    """What routing remembers about one prefix (identified by its last block's hash)."""
+
+    worker: str
+    since_s: float  # when the prefix moved to `worker` (stickiness window starts here)
+    last_s: float  # last request with this prefix
+    rate: float  # EWMA request rate (req/s) as of last_s
+
+    def rate_at(self, now_s: float, half_life_s: float) -> float:
+        decay: float = 0.5 ** (max(0.0, now_s - self.last_s) / half_life_s)
+        return self.rate * decay
+
+
+class RoutingState:
+    """Routing history: prefix index, per-prefix sticky worker and rate, worker join times."""
+
+    def __init__(self, config: RoutingConfig, index: PrefixIndex, *, insert_on_commit: bool = True) -> None:
+        self.config = config
+        self.index = index
+        self.insert_on_commit = insert_on_commit
+        self.stats: OrderedDict[int, PrefixStat] = OrderedDict()
+        self.joined: dict[str, float] = {}
+        self._rate_step = math.log(2) / config.rate_half_life_s
+
+    # -- workers -------------------------------------------------------------------------------------
+    def observe_workers(self, workers: Sequence[WorkerView], now_s: float) -> list[WorkerView]:
+        """Record first-seen times; views without a `joined_s` get the first time this state saw them."""
+        out: list[WorkerView] = []
+        for w in workers:
+            first = self.joined.setdefault(w.id, now_s)
+            out.append(w if w.joined_s > 0 else dataclasses.replace(w, joined_s=first))
+        return out
+
+    def forget_worker(self, worker: str) -> None:
+        """A worker left (lease expired, removed): drop its index entries and join time."""
+        self.index.clear(worker)
+        self.joined.pop(worker, None)
+
+    # -- around a decision ---------------------------------------------------------------------------
+    def prepare(
+        self,
+        *,
+        request_id: str,
+        prefix_hashes: Sequence[int],
+        block_tokens: Sequence[int],
+        prompt_tokens: int,
+        workers: Sequence[WorkerView],
+        now_s: float,
+        model: str = "default",
+        max_tokens: int = 0,
+        band: Band = Band.NORMAL,
+        tenant: str = "default",
+    ) -> RequestView:
+        """The request as policies see it: prefix hits per candidate, sticky worker, prefix rate."""
+        if len(prefix_hashes) != len(block_tokens):
+            raise ValueError("prefix_hashes and block_tokens must have the same length")
+        ids = {w.id for w in workers}
+        hits: Mapping[str, int] = {w: n for w, n in self.index.match(prefix_hashes).items() if w in ids}
+        sticky_worker: str | None = None
+        sticky_since: float | None = None
+        rate = 0.0
+        need = self.config.min_cache_gain * prompt_tokens
+        covered = sum(block_tokens)
+        for i in range(len(prefix_hashes) - 1, -1, -1):
+            stat = self.stats.get(prefix_hashes[i])
+            if stat is not None:
+                covered_here = covered - sum(block_tokens[i + 1 :])
+                rate = stat.rate_at(now_s, self.config.rate_half_life_s)
+                if covered_here >= need and covered_here > 0:
+                    sticky_worker, sticky_since = stat.worker, stat.since_s
+                break
+        return RequestView(
+            id=request_id,
+            model=model,
+            prefix_hashes=tuple(prefix_hashes),
+            block_tokens=tuple(block_tokens),
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            band=band,
+            tenant=tenant,
+            prefix_hits=hits,
+            sticky_worker=sticky_worker,
+            sticky_since_s=sticky_since,
+            prefix_rate=rate,
+        )
+
+    def commit(self, view: RequestView, decision: Decision, now_s: float) -> None:
+        """Record the routing: index insert (approximate mode), per-prefix worker, since and rate."""
+        worker = decision.worker
+        if worker is None:
+            return
+        if self.insert_on_commit:
+            self.index.insert(worker, view.prefix_hashes, now_s)
+        stats, half_life, step = self.stats, self.config.rate_half_life_s, self._rate_step
+        for h in view.prefix_hashes:
+            stat = stats.get(h)
+            if stat is None:
+                stats[h] = PrefixStat(worker=worker, since_s=now_s, last_s=now_s, rate=step)
+                continue
+            stat.rate = stat.rate_at(now_s, half_life) + step
+            stat.last_s = now_s
+            if stat.worker != worker:
+                stat.worker, stat.since_s = worker, now_s
+            stats.move_to_end(h)
+        while len(stats) > self.config.stats_max_entries:
+            stats.popitem(last=False)
