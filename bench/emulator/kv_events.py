@@ -1,0 +1,151 @@
+"""vLLM-format KV-cache events of the emulated worker, published on a ZMQ PUB socket.
+
+Wire format (shared/reference/PEERS.md §3.2-3.3, vLLM's array encoding): each message is three
+frames `[topic, seq (8-byte big-endian, from 0), msgpack([ts, [events...], dp_rank])]` with events
+  ["BlockStored", block_hashes, parent_block_hash | None, token_ids, block_size, lora_id, "GPU"]
+  ["BlockRemoved", block_hashes, "GPU"]
+  ["AllBlocksCleared"]
+Block hashes are the emulator's 64-bit block keys (bench/emulator/tokenizer.py). The engine reports
+only keys, so `BlockCatalog` remembers each full block's parent and tokens from the moment a request
+submits it; keys the catalog does not know (a request's trailing partial block, which vLLM never
+caches) are not published.
+Unlike vLLM, which connects unless the endpoint has a wildcard, the publisher always BINDs: the agent
+next to the worker connects its SUB socket. The topic defaults to llm-d's `kv@<worker-id>@<model>`.
+No replay socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import msgpack
+import zmq
+import zmq.asyncio
+from cachetools import LRUCache
+
+logger = logging.getLogger(__name__)
+
+MEDIUM = "GPU"
+EngineKvEvent = tuple[
+    str, Sequence[int]
+]  # ("stored" | "removed" | "cleared", keys), from Engine.drain_kv_events
+
+
+class BlockCatalog:
+    """Parent key and token ids of every full block submitted recently (bounded LRU)."""
+
+    def __init__(self, max_blocks: int) -> None:
+        self._blocks: LRUCache[int, tuple[int | None, tuple[int, ...]]] = LRUCache(maxsize=max_blocks)
+
+    def remember(self, keys: Sequence[int], tokens: Sequence[int], block_size: int) -> None:
+        """`keys` are the chained keys of the full blocks of `tokens`, block 0 first."""
+        parent: int | None = None
+        for i, key in enumerate(keys):
+            self._blocks[key] = (parent, tuple(tokens[i * block_size : (i + 1) * block_size]))
+            parent = key
+
+    def get(self, key: int) -> tuple[int | None, tuple[int, ...]] | None:
+        return self._blocks.get(key)
+
+    def forget(self, keys: Iterable[int]) -> None:
+        for key in keys:
+            self._blocks.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+
+def to_vllm_events(
+    engine_events: Iterable[EngineKvEvent], catalog: BlockCatalog, block_size: int
+) -> list[list[Any]]:
+    """vLLM array-encoded events for the engine's events, in order.
+
+    Consecutive stored keys that chain (each the child of the previous) share one BlockStored, as
+    vLLM reports the blocks of one request's step.
+    """
+    out: list[list[Any]] = []
+    for kind, keys in engine_events:
+        if kind == "stored":
+            out += _stored_runs(keys, catalog, block_size)
+        elif kind == "removed":
+            known = [k for k in keys if catalog.get(k) is not None]
+            if known:
+                out.append(["BlockRemoved", known, MEDIUM])
+        elif kind == "cleared":
+            out.append(["AllBlocksCleared"])
+        else:
+            raise ValueError(f"unknown engine KV event {kind!r}")
+    return out
+
+
+def _stored_runs(keys: Sequence[int], catalog: BlockCatalog, block_size: int) -> list[list[Any]]:
+    events: list[list[Any]] = []
+    run: list[int] = []
+    tokens: list[int] = []
+    run_parent: int | None = None
+    for key in keys:
+        entry = catalog.get(key)
+        if entry is None:
+            continue
+        parent, block_tokens = entry
+        if run and parent != run[-1]:
+            events.append(["BlockStored", run, run_parent, tokens, block_size, None, MEDIUM])
+            run, tokens = [], []
+        if not run:
+            run_parent = parent
+        run.append(key)
+        tokens.extend(block_tokens)
+    if run:
+        events.append(["BlockStored", run, run_parent, tokens, block_size, None, MEDIUM])
+    return events
+
+
+def encode_batch(ts: float, events: Sequence[Sequence[Any]], dp_rank: int | None = 0) -> bytes:
+    """The third frame: vLLM's array-encoded EventBatch."""
+    return msgpack.packb([ts, list(events), dp_rank], use_bin_type=True)
+
+
+def default_topic(worker_id: str, model: str) -> str:
+    return f"kv@{worker_id}@{model}"
+
+
+class KvEventPublisher:
+    """A bound ZMQ PUB socket sending one batch per call to `publish()`."""
+
+    def __init__(self, endpoint: str, topic: str) -> None:
+        self.topic = topic.encode()
+        self._seq = 0
+        self._context = zmq.asyncio.Context()
+        self._socket = self._context.socket(zmq.PUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SNDHWM, 100_000)  # vLLM's default hwm
+        try:
+            self._socket.bind(endpoint)
+        except zmq.ZMQError as e:
+            self.close()
+            raise OSError(f"cannot bind KV-event endpoint {endpoint}: {e}") from e
+        # the actual endpoint, with the port filled in when `endpoint` asked for "tcp://host:*"
+        self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    async def publish(self, events: Sequence[Sequence[Any]], ts: float | None = None) -> None:
+        if not events:
+            return
+        payload = encode_batch(time.time() if ts is None else ts, events)
+        try:
+            await self._socket.send_multipart(
+                [self.topic, self._seq.to_bytes(8, "big"), payload], flags=zmq.NOBLOCK
+            )
+        except zmq.Again:  # a PUB socket drops at its high-water mark; so do we, and say so
+            logger.warning("KV-event batch %d dropped (high-water mark)", self._seq)
+        self._seq += 1
+
+    @property
+    def batches_sent(self) -> int:
+        return self._seq
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
+        self._context.term()

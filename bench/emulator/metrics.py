@@ -1,0 +1,232 @@
+"""Prometheus metrics of the emulated worker, with vLLM's names and labels, and a small text parser.
+
+The emulator's request-side counters live in `RequestMetrics`; the engine's gauges and counters
+are passed to `render()` as an `EngineSnapshot` taken at scrape time. Names follow vLLM V1
+(`vllm/v1/metrics/loggers.py`, shared/reference/PEERS.md §3.6): labels `model_name` and `engine`,
+counters with a `_total` suffix, `vllm:cache_config_info` an info gauge of value 1. Latencies are
+wall-clock seconds, i.e. what a client of this server observes.
+Own metrics: `kvgate_emulator_max_concurrent_requests` (the most requests ever held at once) and
+`kvgate_emulator_requests_total`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+# vLLM's buckets (seconds)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+TTFT_BUCKETS += (20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
+E2E_BUCKETS += (240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+@dataclass
+class Histogram:
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)  # per bucket, not cumulative; last = +Inf
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.buckets) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.count += 1
+
+
+@dataclass
+class RequestMetrics:
+    """What the HTTP layer counts; one instance per server."""
+
+    requests_total: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    in_flight: int = 0
+    max_concurrent: int = 0
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+
+    def request_started(self, prompt_tokens: int) -> None:
+        self.requests_total += 1
+        self.prompt_tokens_total += prompt_tokens
+        self.in_flight += 1
+        self.max_concurrent = max(self.max_concurrent, self.in_flight)
+
+    def request_ended(self, generated_tokens: int) -> None:
+        self.in_flight -= 1
+        self.generation_tokens_total += generated_tokens
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    running: int
+    waiting: int
+    kv_usage: float  # 0..1
+    prefix_cache_queries: int  # tokens
+    prefix_cache_hits: int  # tokens
+    num_preemptions: int
+    block_size: int
+    num_gpu_blocks: int
+
+
+def _labels(labels: Mapping[str, object]) -> str:
+    inner = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
+    return "{" + inner + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _family(name: str, kind: str, help_text: str, samples: Iterable[str]) -> list[str]:
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
+
+
+def _histogram(name: str, help_text: str, hist: Histogram, labels: Mapping[str, str]) -> list[str]:
+    lines = []
+    cumulative = 0
+    for upper, n in zip((*hist.buckets, float("inf")), hist.counts, strict=True):
+        cumulative += n
+        le = "+Inf" if upper == float("inf") else repr(upper)
+        lines.append(f"{name}_bucket{_labels({**labels, 'le': le})} {float(cumulative)}")
+    lines.append(f"{name}_count{_labels(labels)} {float(hist.count)}")
+    lines.append(f"{name}_sum{_labels(labels)} {hist.total}")
+    return _family(name, "histogram", help_text, lines)
+
+
+def render(model_name: str, requests: RequestMetrics, engine: EngineSnapshot) -> str:
+    """The /metrics body (Prometheus text format 0.0.4)."""
+    lab = {"model_name": model_name, "engine": "0"}
+    config = {
+        "block_size": engine.block_size,
+        "cache_dtype": "auto",
+        "enable_prefix_caching": "True",
+        "engine": "0",
+        "gpu_memory_utilization": "0.9",
+        "num_cpu_blocks": "None",
+        "num_gpu_blocks": engine.num_gpu_blocks,
+    }
+    # (family, type, help, value); counters get the `_total` suffix on their sample
+    simple: list[tuple[str, str, str, float]] = [
+        (
+            "vllm:num_requests_running",
+            "gauge",
+            "Number of requests in model execution batches.",
+            engine.running,
+        ),
+        ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", engine.waiting),
+        ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", engine.kv_usage),
+        (
+            "vllm:prefix_cache_queries",
+            "counter",
+            "Prefix cache queries, in queried tokens.",
+            engine.prefix_cache_queries,
+        ),
+        (
+            "vllm:prefix_cache_hits",
+            "counter",
+            "Prefix cache hits, in cached tokens.",
+            engine.prefix_cache_hits,
+        ),
+        (
+            "vllm:num_preemptions",
+            "counter",
+            "Cumulative number of preemption from the engine.",
+            engine.num_preemptions,
+        ),
+        (
+            "vllm:prompt_tokens",
+            "counter",
+            "Number of prefill tokens processed.",
+            requests.prompt_tokens_total,
+        ),
+        (
+            "vllm:generation_tokens",
+            "counter",
+            "Number of generation tokens processed.",
+            requests.generation_tokens_total,
+        ),
+        (
+            "kvgate_emulator_max_concurrent_requests",
+            "gauge",
+            "Most requests this emulated worker ever held at once (HTTP requests in flight).",
+            requests.max_concurrent,
+        ),
+        (
+            "kvgate_emulator_requests",
+            "counter",
+            "Completion requests accepted by this emulated worker.",
+            requests.requests_total,
+        ),
+    ]
+    lines = _family(
+        "vllm:cache_config_info",
+        "gauge",
+        "Information of the LLMEngine CacheConfig",
+        [f"vllm:cache_config_info{_labels(config)} 1.0"],
+    )
+    for name, kind, help_text, value in simple:
+        sample = f"{name}_total" if kind == "counter" else name
+        lines += _family(name, kind, help_text, [f"{sample}{_labels(lab)} {float(value)}"])
+    lines += _histogram(
+        "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", requests.ttft, lab
+    )
+    lines += _histogram(
+        "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", requests.e2e, lab
+    )
+    return "\n".join(lines) + "\n"
+
+
+# --- parsing (tests, and anything that wants to read a scrape without prometheus_client) ---
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: Mapping[str, str]
+    value: float
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(\s+-?\d+)?\s*$")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)')
+_UNESCAPE = re.compile(r"\\(.)")
+
+
+def _unescape(value: str) -> str:
+    return _UNESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+
+
+def parse_prometheus_text(text: str) -> list[Sample]:
+    """Samples of a Prometheus text exposition; raises ValueError on a malformed line."""
+    samples = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if not match:
+            raise ValueError(f"line {number}: not a sample: {line!r}")
+        name, label_text, value = match.group(1), match.group(2), match.group(3)
+        labels: dict[str, str] = {}
+        if label_text:
+            body, pos = label_text[1:-1], 0
+            while pos < len(body):
+                label = _LABEL.match(body, pos)
+                if not label:
+                    raise ValueError(f"line {number}: bad labels: {label_text!r}")
+                labels[label.group(1)] = _unescape(label.group(2))
+                pos = label.end()
+        samples.append(Sample(name, labels, float(value)))
+    return samples
+
+
+def sample_value(samples: Sequence[Sample], name: str, **labels: str) -> float:
+    """The value of the one sample called `name` whose labels include `labels`; KeyError if none."""
+    for sample in samples:
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+            return sample.value
+    raise KeyError(f"no sample {name} with labels {labels}")
