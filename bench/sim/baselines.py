@@ -1,0 +1,67 @@
+"""Naive routers every policy must beat: round-robin, seeded random, least in-flight (R signal).
+
+They ignore the prefix cache entirely; least in-flight breaks ties by registry order (first_argmin,
+PEERS.md conventions).
+"""
+
+from __future__ import annotations
+
+import random
+
+from bench.sim.types import ClusterView, SimRequest
+
+
+class _NoHooks:
+    def on_first_token(self, req: SimRequest, worker_id: str, now_s: float) -> None:
+        pass
+
+    def on_finish(self, req: SimRequest, worker_id: str, now_s: float) -> None:
+        pass
+
+
+class RoundRobin(_NoHooks):
+    """Workers in registry order, one after another."""
+
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def route(self, req: SimRequest, cluster: ClusterView, now_s: float) -> str:
+        ids = cluster.worker_ids
+        worker = ids[self._next % len(ids)]
+        self._next += 1
+        return worker
+
+
+class RandomRouter(_NoHooks):
+    """A uniformly random worker from a seeded generator."""
+
+    name = "random"
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+
+    def route(self, req: SimRequest, cluster: ClusterView, now_s: float) -> str:
+        return self._rng.choice(list(cluster.worker_ids))
+
+
+class LeastInflight(_NoHooks):
+    """The worker with the fewest requests dispatched and not finished; ties go to registry order."""
+
+    name = "least_inflight"
+
+    def route(self, req: SimRequest, cluster: ClusterView, now_s: float) -> str:
+        return min(cluster.worker_ids, key=cluster.inflight)  # min keeps the first of equal keys
+
+
+def make_round_robin(seed: int) -> RoundRobin:
+    return RoundRobin()
+
+
+def make_random(seed: int) -> RandomRouter:
+    return RandomRouter(seed)
+
+
+def make_least_inflight(seed: int) -> LeastInflight:
+    return LeastInflight()

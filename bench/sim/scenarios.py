@@ -1,0 +1,238 @@
+"""Generated workloads from the design article, deterministic from a seed (`kvgate bench sim --scenario`).
+
+Each scenario builds prompts from named segments (a system prompt, a document, a user turn, ...) and
+cuts them into 512-token blocks with Mooncake semantics: a block id names the block's content *and
+everything before it*, so two prompts share block i iff their first (i+1)*512 tokens are identical,
+and a partial last block never shares an id with a full one. Arrival times are nominal seconds; the
+offered load (bench/sim/load.py) rescales them, think times and bursts included.
+
+Cache pressure = reusable working set ÷ one worker's KV capacity, stated against the default profile
+h100-llama3.1-8b (436,551 tokens per worker; 3.49 M tokens for 8 workers). Affinity can only pay when
+the pressure is > 1 but < the number of workers (shared/DESIGN.md, "Evaluating routing honestly");
+the report prints the measured value of every run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+from bench.sim.traces import TRACE_BLOCK_TOKENS
+from bench.sim.types import SimRequest
+
+Segment = tuple[Hashable, int]  # (content key, tokens)
+
+
+class PromptBlocks:
+    """Chained block ids for prompts made of segments; equal content + equal prefix => equal id."""
+
+    def __init__(self, block_size: int = TRACE_BLOCK_TOKENS) -> None:
+        self.block_size = block_size
+        self._ids: dict[tuple[int, tuple[tuple[Hashable, int, int], ...]], int] = {}
+
+    def blocks(self, segments: Sequence[Segment]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(block ids, block token counts) of the prompt formed by `segments` in order."""
+        ids: list[int] = []
+        sizes: list[int] = []
+        parent = -1
+        content: list[tuple[Hashable, int, int]] = []
+        filled = 0
+        for key, length in segments:
+            offset = 0
+            while offset < length:
+                take = min(length - offset, self.block_size - filled)
+                content.append((key, offset, offset + take))
+                offset += take
+                filled += take
+                if filled == self.block_size:
+                    parent = self._intern(parent, content)
+                    ids.append(parent)
+                    sizes.append(filled)
+                    content, filled = [], 0
+        if filled:
+            ids.append(self._intern(parent, content))
+            sizes.append(filled)
+        return tuple(ids), tuple(sizes)
+
+    def _intern(self, parent: int, content: list[tuple[Hashable, int, int]]) -> int:
+        return self._ids.setdefault((parent, tuple(content)), len(self._ids))
+
+
+def _request(
+    blocks: PromptBlocks,
+    rid: int,
+    at_s: float,
+    segments: Sequence[Segment],
+    output: int,
+    tenant: str = "default",
+) -> SimRequest:
+    ids, sizes = blocks.blocks(segments)
+    return SimRequest(rid, at_s, sum(sizes), output, ids, sizes, tenant=tenant)
+
+
+def _zipf_cum_weights(n: int, s: float) -> list[float]:
+    return list(itertools.accumulate(1.0 / (k**s) for k in range(1, n + 1)))
+
+
+def _poisson_times(rng: random.Random, n: int, rate: float) -> list[float]:
+    return list(itertools.accumulate(rng.expovariate(rate) for _ in range(n)))
+
+
+def system_prompt(seed: int, n: int = 3000) -> list[SimRequest]:
+    """One 6,144-token system prompt shared by every user + 200-1,200 unique tokens (the article's headline).
+
+    Pressure ≈ 0.014 (6k reusable tokens): round-robin warms every worker once and does nearly as well
+    as affinity; the interesting part is load balance under a hot prefix."""
+    rng, blocks = random.Random(seed), PromptBlocks()
+    times = _poisson_times(rng, n, 4.0)
+    return [
+        _request(blocks, i, t, [("sys", 6144), (("user", i), rng.randint(200, 1200))], rng.randint(100, 400))
+        for i, t in enumerate(times)
+    ]
+
+
+def multi_turn(seed: int, n: int = 2000) -> list[SimRequest]:
+    """Chats of 3-10 turns; each turn re-sends the whole history (1,024-token shared system prompt,
+    user turns of 100-600 tokens, the previous answers), with exponential think times (mean 20 s).
+
+    Pressure ≈ 2.1 per worker at n = 2000 (about n/6 chats, ~5k-token final histories; 0.27 of 8
+    workers' KV): round-robin makes every worker hold every chat and thrash; affinity partitions the chats."""
+    rng, blocks = random.Random(seed), PromptBlocks()
+    pending: list[tuple[float, int, list[Segment], int]] = []  # (arrival, chat, segments, turns left)
+    chat_starts = _poisson_times(rng, max(1, n // 6), 0.6)
+    for chat, start in enumerate(chat_starts):
+        pending.append((start, chat, [("sys", 1024)], rng.randint(3, 10)))
+    out: list[tuple[float, list[Segment], int]] = []
+    while pending and len(out) < n:
+        pending.sort(key=lambda p: (p[0], p[1]))
+        at, chat, history, turns_left = pending.pop(0)
+        turn = len(out)
+        history = [*history, (("user", chat, turn), rng.randint(100, 600))]
+        output = rng.randint(150, 500)
+        out.append((at, history, output))
+        if turns_left > 1:
+            latency = 2.0 + output * 0.02  # nominal answer time before the user starts thinking
+            next_at = at + latency + rng.expovariate(1 / 20.0)
+            pending.append((next_at, chat, [*history, (("assistant", chat, turn), output)], turns_left - 1))
+    return [_request(blocks, i, at, segs, output) for i, (at, segs, output) in enumerate(out)]
+
+
+def rag(seed: int, n: int = 3000) -> list[SimRequest]:
+    """A 512-token system prompt, then one of 300 retrieved documents (2-4k tokens, Zipf popularity
+    s = 1.0), then a unique 30-200-token question.
+
+    Pressure ≈ 1.5 per worker (670k tokens of documents requested twice or more; 0.19 of 8 workers)."""
+    rng, blocks = random.Random(seed), PromptBlocks()
+    doc_tokens = [rng.randint(2000, 4000) for _ in range(300)]
+    cum = _zipf_cum_weights(len(doc_tokens), 1.0)
+    times = _poisson_times(rng, n, 4.0)
+    reqs = []
+    for i, t in enumerate(times):
+        doc = rng.choices(range(len(doc_tokens)), cum_weights=cum)[0]
+        segments = [("sys", 512), (("doc", doc), doc_tokens[doc]), (("q", i), rng.randint(30, 200))]
+        reqs.append(_request(blocks, i, t, segments, rng.randint(50, 300)))
+    return reqs
+
+
+def mixed(seed: int, n: int = 3000) -> list[SimRequest]:
+    """95 % short requests (512-token shared prompt + 200-2,000 unique tokens) and 5 % very long ones
+    (16k-64k unique tokens): the article's "a few instances drown in long requests".
+
+    Pressure ≈ 0.001 (one shared block): a load-balance test; counting requests instead of work loses."""
+    rng, blocks = random.Random(seed), PromptBlocks()
+    times = _poisson_times(rng, n, 4.0)
+    reqs = []
+    for i, t in enumerate(times):
+        if rng.random() < 0.05:
+            segments, output = (
+                [("sys", 512), (("long", i), rng.randint(16_000, 64_000))],
+                rng.randint(200, 800),
+            )
+        else:
+            segments, output = [("sys", 512), (("short", i), rng.randint(200, 2000))], rng.randint(50, 300)
+        reqs.append(_request(blocks, i, t, segments, output))
+    return reqs
+
+
+def burst(seed: int, n: int = 3000) -> list[SimRequest]:
+    """Steady Poisson load with a burst at 4x the rate for a tenth of the run; 16 system prompts of
+    1.5-3k tokens (uniform choice) + 100-800 unique tokens.
+
+    Pressure ≈ 0.07 (≈31k reusable tokens): tests how a policy spreads a burst without losing affinity."""
+    rng, blocks = random.Random(seed), PromptBlocks()
+    prompts = [rng.randint(1536, 3072) for _ in range(16)]
+    base_rate, duration = 4.0, n / 4.0 / 1.3  # the burst adds 0.3 of the base volume
+    times: list[float] = []
+    t = 0.0
+    while len(times) < n:
+        in_burst = 0.45 * duration <= t < 0.55 * duration
+        t += rng.expovariate(base_rate * (4.0 if in_burst else 1.0))
+        times.append(t)
+    reqs = []
+    for i, at in enumerate(times):
+        p = rng.randrange(len(prompts))
+        segments = [(("sys", p), prompts[p]), (("user", i), rng.randint(100, 800))]
+        reqs.append(_request(blocks, i, at, segments, rng.randint(100, 300)))
+    return reqs
+
+
+def multi_tenant(seed: int, n: int = 4000) -> list[SimRequest]:
+    """150 tenants, each with its own 4k-16k-token system prompt (Zipf popularity s = 0.8), + 100-1,000
+    unique tokens per request; `tenant` is set.
+
+    Pressure ≈ 3.5 per worker (1.5 M tokens of prompts; 0.44 of 8 workers): the case where cache-aware
+    routing should win clearly over round-robin."""
+    rng, blocks = random.Random(seed), PromptBlocks()
+    prompts = [rng.randint(4000, 16_000) for _ in range(150)]
+    cum = _zipf_cum_weights(len(prompts), 0.8)
+    times = _poisson_times(rng, n, 4.0)
+    reqs = []
+    for i, t in enumerate(times):
+        k = rng.choices(range(len(prompts)), cum_weights=cum)[0]
+        segments = [(("tenant", k), prompts[k]), (("user", i), rng.randint(100, 1000))]
+        reqs.append(_request(blocks, i, t, segments, rng.randint(100, 400), tenant=f"t{k}"))
+    return reqs
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    build: Callable[[int, int], list[SimRequest]]  # (seed, n) -> requests sorted by arrival
+    default_n: int
+    help: str
+
+
+# Extension point: an `overload` scenario (bands, tenants with quotas, TTFT SLOs for goodput) belongs
+# here once an AdmissionGate exists (later issue); SimRequest already carries band/tenant/slo_ttft_s.
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("system_prompt", system_prompt, 3000, "one shared 6k system prompt + short unique text"),
+        Scenario("multi_turn", multi_turn, 2000, "growing multi-turn chats; working set 2.1x one worker"),
+        Scenario("rag", rag, 3000, "300 shared documents with Zipf popularity + unique questions"),
+        Scenario("mixed", mixed, 3000, "mostly short requests + 5% very long (16k-64k) ones"),
+        Scenario("burst", burst, 3000, "steady load with a 4x burst; 16 system prompts"),
+        Scenario(
+            "multi_tenant", multi_tenant, 4000, "150 tenant system prompts; working set 3.5x one worker"
+        ),
+    )
+}
+
+
+class UnknownScenario(ValueError):
+    pass
+
+
+def list_scenarios() -> list[tuple[str, str]]:
+    """(name, one-line help) of every scenario."""
+    return [(s.name, s.help) for s in SCENARIOS.values()]
+
+
+def build_scenario(name: str, seed: int, limit: int | None = None) -> list[SimRequest]:
+    """The scenario's requests (default size, or `limit` requests)."""
+    scenario = SCENARIOS.get(name)
+    if scenario is None:
+        raise UnknownScenario(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+    return scenario.build(seed, limit if limit is not None else scenario.default_n)
