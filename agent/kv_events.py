@@ -1,0 +1,349 @@
+"""Exact-mode cache summary: the worker's vLLM KV events (ZMQ) turned into prefix-index entries.
+
+The worker publishes 3-frame messages `[topic, seq (8-byte big-endian), msgpack(batch)]`
+(shared/reference/PEERS.md §3.2-3.3). `decode_batch` accepts both wire encodings: events as arrays
+(`["BlockStored", block_hashes, parent, token_ids, block_size, lora_id, medium, ...]`, vLLM <= 0.23)
+or as maps with a `"type"` key (vLLM >= 0.26, SGLang); trailing defaulted fields may be missing.
+
+Engine block hashes are only opaque ids here (PEERS §3.5: don't reproduce engine hashes). `RouterKeys`
+re-hashes each stored block's token ids with the gateway's own chained hash
+(`policy.prefix.token_block_hashes`, seeded by the model name, router block size), remembering for
+each engine hash the chain state after it, so a child block continues from its parent's router key and
+a removal drops exactly the router keys that block produced. The map is an LRU bounded by the worker's
+block count. Blocks whose parent the agent never saw (stored before it started) are skipped: their
+keys cannot be computed. Only GPU blocks (medium GPU or unset) count.
+
+`KvEventConsumer` is the imperative shell: a SUB socket, sequence-gap accounting, and writes to the
+Redis index store (`agent/index_store.py`); AllBlocksCleared clears the worker's entries.
+"""
+
+from __future__ import annotations
+
+import logging
+from array import array
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from hashlib import blake2b
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+import redis.asyncio as aioredis
+import zmq
+import zmq.asyncio
+from cachetools import LRUCache
+
+from agent import index_store
+from policy.prefix import token_block_hashes
+
+logger = logging.getLogger(__name__)
+
+U64 = (1 << 64) - 1
+_FIELDS = {
+    "BlockStored": (
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+        "extra_keys",
+        "group_idx",
+        "kv_cache_spec_kind",
+        "kv_cache_spec_sliding_window",
+    ),
+    "BlockRemoved": ("block_hashes", "medium", "group_idx"),
+    "AllBlocksCleared": (),
+}
+
+
+class KvEventDecodeError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class KvEvent:
+    """One decoded event; `kind` is BlockStored, BlockRemoved, AllBlocksCleared (or an unknown tag)."""
+
+    kind: str
+    block_hashes: tuple[int, ...] = ()
+    parent_block_hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+    block_size: int = 0
+    medium: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KvBatch:
+    ts: float
+    events: tuple[KvEvent, ...]
+    dp_rank: int | None = None
+
+
+def engine_hash(value: Any) -> int | None:
+    """Engine block hash as a 64-bit int: ints masked, bytes by their last 8 bytes big-endian."""
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray):
+        return int.from_bytes(bytes(value[-8:]), "big")
+    if isinstance(value, int):
+        return value & U64
+    raise KvEventDecodeError(f"block hash must be int or bytes, not {type(value).__name__}")
+
+
+def _event(raw: Any) -> KvEvent:
+    if isinstance(raw, dict):
+        fields = {str(k): v for k, v in raw.items()}
+        kind = str(fields.pop("type", ""))
+    elif isinstance(raw, list | tuple) and raw:
+        kind = str(raw[0])
+        fields = dict(zip(_FIELDS.get(kind, ()), raw[1:], strict=False))
+    else:
+        raise KvEventDecodeError(f"event must be an array or a map, not {raw!r:.80}")
+    hashes = tuple(h for h in (engine_hash(x) for x in fields.get("block_hashes") or ()) if h is not None)
+    medium = fields.get("medium")
+    return KvEvent(
+        kind=kind,
+        block_hashes=hashes,
+        parent_block_hash=engine_hash(fields.get("parent_block_hash")),
+        token_ids=tuple(int(t) for t in fields.get("token_ids") or ()),
+        block_size=int(fields.get("block_size") or 0),
+        medium=str(medium) if medium is not None else None,
+    )
+
+
+def decode_batch(payload: bytes) -> KvBatch:
+    """The msgpack third frame of a KV-event message, in either encoding, at batch and event level."""
+    try:
+        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as e:
+        raise KvEventDecodeError(f"not a msgpack batch: {e}") from e
+    if isinstance(raw, dict):
+        ts, events, dp_rank = raw.get("ts", 0.0), raw.get("events") or [], raw.get("data_parallel_rank")
+    elif isinstance(raw, list | tuple) and len(raw) >= 2:
+        ts, events, dp_rank = raw[0], raw[1] or [], raw[2] if len(raw) > 2 else None
+    else:
+        raise KvEventDecodeError(f"batch must be [ts, events, dp_rank] or a map, not {raw!r:.80}")
+    return KvBatch(ts=float(ts or 0.0), events=tuple(_event(e) for e in events), dp_rank=dp_rank)
+
+
+def continue_chain(parent: int | None, token_ids: Sequence[int], *, model: str, block_size: int) -> list[int]:
+    """Router keys of the full blocks of `token_ids` following the router key `parent` (None = start).
+
+    Same chain as `policy.prefix.token_block_hashes`: key_i = blake2b(key_{i-1} (8 bytes LE) ‖ block_i
+    as little-endian u32), so continuing from a parent equals hashing the whole prefix at once.
+    """
+    if parent is None:
+        return list(token_block_hashes(token_ids, model=model, block_size=block_size)[0])
+    prev = parent.to_bytes(8, "little")
+    packed = array("I", token_ids)
+    if packed.itemsize != 4:  # pragma: no cover - 'I' is 4 bytes on every platform we run on
+        raise RuntimeError("array('I') is not 32-bit here")
+    data = packed.tobytes()
+    step = 4 * block_size
+    keys = []
+    for i in range(len(token_ids) // block_size):
+        prev = blake2b(prev + data[i * step : (i + 1) * step], digest_size=8).digest()
+        keys.append(int.from_bytes(prev, "little"))
+    return keys
+
+
+@dataclass(frozen=True, slots=True)
+class _ChainState:
+    last_key: int | None  # router key of the last full router block so far (None = none yet)
+    pending: tuple[int, ...]  # tokens after it that do not fill a router block yet
+    keys: tuple[int, ...]  # router keys this engine block completed (removed with it)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexChange:
+    op: str  # "add" | "remove" | "clear"
+    keys: tuple[int, ...] = ()
+
+
+class RouterKeys:
+    """Engine hash -> router keys, so KV events become index adds and removes (bounded LRU)."""
+
+    def __init__(self, model: str, router_block_size: int, max_blocks: int = 1 << 18) -> None:
+        if router_block_size <= 0:
+            raise ValueError("router_block_size must be > 0")
+        self.model = model
+        self.block_size = router_block_size
+        self._chains: LRUCache[int, _ChainState] = LRUCache(maxsize=max(1, max_blocks))
+        self.unknown_parents = 0  # stored blocks skipped because their parent was never seen
+
+    def __len__(self) -> int:
+        return len(self._chains)
+
+    def reset(self) -> None:
+        """Forget every chain (the worker's cache was cleared or its publisher restarted)."""
+        self._chains.clear()
+
+    def apply(self, event: KvEvent) -> IndexChange | None:
+        """The index change an event implies (None if it implies none)."""
+        if event.kind == "AllBlocksCleared":
+            self.reset()
+            return IndexChange("clear")
+        if event.medium is not None and event.medium.upper() != "GPU":
+            return None
+        if event.kind == "BlockRemoved":
+            removed: list[int] = []
+            for h in event.block_hashes:
+                state = self._chains.pop(h, None)
+                if state is not None:
+                    removed += state.keys
+            return IndexChange("remove", tuple(removed)) if removed else None
+        if event.kind == "BlockStored":
+            return self._stored(event)
+        return None
+
+    def _stored(self, event: KvEvent) -> IndexChange | None:
+        if not event.token_ids or not event.block_hashes:
+            return None  # empty token list: an offload notice for blocks already known
+        if event.parent_block_hash is None:
+            state = _ChainState(None, (), ())
+        elif (parent := self._chains.get(event.parent_block_hash)) is not None:
+            state = parent
+        else:
+            self.unknown_parents += 1
+            return None
+        engine_size = event.block_size or len(event.token_ids) // len(event.block_hashes)
+        added: list[int] = []
+        for i, h in enumerate(event.block_hashes):
+            tokens = state.pending + event.token_ids[i * engine_size : (i + 1) * engine_size]
+            keys = continue_chain(state.last_key, tokens, model=self.model, block_size=self.block_size)
+            used = len(keys) * self.block_size
+            state = _ChainState(keys[-1] if keys else state.last_key, tokens[used:], tuple(keys))
+            self._chains[h] = state
+            added += keys
+        return IndexChange("add", tuple(added)) if added else None
+
+
+@dataclass
+class KvEventStats:
+    batches: int = 0
+    events: int = 0
+    decode_errors: int = 0
+    seq_gaps: int = 0
+    missed_batches: int = 0
+    clears: int = 0
+    last_seq: dict[bytes, int] = field(default_factory=dict)
+
+    def observe_seq(self, topic: bytes, seq: int) -> str | None:
+        """Record a batch's sequence number; returns "gap" or "reset" when it is not the next one."""
+        previous = self.last_seq.get(topic)
+        self.last_seq[topic] = seq
+        if previous is None or seq == previous + 1:
+            return None
+        if seq <= previous:
+            return "reset"  # the publisher restarted (its seq starts again from 0)
+        self.seq_gaps += 1
+        self.missed_batches += seq - previous - 1
+        return "gap"
+
+
+class KvEventConsumer:
+    """Subscribe to one worker's KV-event publisher and keep its index entries in Redis up to date."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        *,
+        endpoint: str,
+        model: str,
+        worker_id: str,
+        router_block_size: int = 16,
+        capacity_blocks: Callable[[], int] = lambda: 0,
+        on_reset: Callable[[str], Awaitable[None]] | None = None,
+        clock_ms: Callable[[], int],
+        topic: bytes = b"",
+    ) -> None:
+        self.redis = redis
+        self.endpoint = endpoint
+        self.model = model
+        self.worker_id = worker_id
+        self.keys = RouterKeys(model, router_block_size)
+        self.capacity_blocks = capacity_blocks
+        self.on_reset = on_reset
+        self.clock_ms = clock_ms
+        self.topic = topic
+        self.stats = KvEventStats()
+        self.connected = False
+
+    async def run(self) -> None:
+        """Receive until cancelled. The SUB socket connects (vLLM's publisher binds `tcp://*:port`)."""
+        ctx = zmq.asyncio.Context()
+        sock = ctx.socket(zmq.SUB)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SUBSCRIBE, self.topic)
+            sock.connect(self.endpoint)
+            self.connected = True
+            logger.info("kv events: subscribed to %s", self.endpoint)
+            while True:
+                frames = await sock.recv_multipart()
+                await self.handle_message(frames)
+        finally:
+            self.connected = False
+            sock.close(linger=0)
+            ctx.term()
+
+    async def handle_message(self, frames: Sequence[bytes]) -> None:
+        """One ZMQ message: `[topic, seq, payload]` (a 2-frame `[seq, payload]` is accepted too)."""
+        if len(frames) not in (2, 3) or len(frames[-2]) != 8:
+            self.stats.decode_errors += 1
+            logger.warning("kv events: unexpected message with %d frames", len(frames))
+            return
+        topic = bytes(frames[0]) if len(frames) == 3 else b""
+        seq = int.from_bytes(frames[-2], "big")
+        try:
+            batch = decode_batch(frames[-1])
+        except KvEventDecodeError as e:
+            self.stats.decode_errors += 1
+            logger.warning("kv events: %s", e)
+            return
+        self.stats.batches += 1
+        self.stats.events += len(batch.events)
+        seq_state = self.stats.observe_seq(topic, seq)
+        if seq_state == "gap":
+            logger.warning("kv events: seq gap before %d on %r (%d batches missed so far)",
+                           seq, topic, self.stats.missed_batches)  # fmt: skip
+        elif seq_state == "reset":
+            logger.warning("kv events: seq went back to %d on %r: publisher restarted", seq, topic)
+            await self._clear("kv event publisher restarted")
+        await self.apply(batch.events)
+
+    async def apply(self, events: Sequence[KvEvent]) -> None:
+        """Apply events in order, coalescing runs of the same op into one Redis call."""
+        run_op, run_keys = "", list[int]()
+        for event in events:
+            change = self.keys.apply(event)
+            if change is None:
+                continue
+            if change.op == "clear":
+                await self._flush(run_op, run_keys)
+                run_op, run_keys = "", []
+                await self._clear("AllBlocksCleared")
+                continue
+            if change.op != run_op:
+                await self._flush(run_op, run_keys)
+                run_op, run_keys = change.op, []
+            run_keys += change.keys
+        await self._flush(run_op, run_keys)
+
+    async def _flush(self, op: str, keys: list[int]) -> None:
+        if not keys:
+            return
+        if op == "add":
+            await index_store.add_blocks(
+                self.redis, self.model, self.worker_id, keys, self.clock_ms(), self.capacity_blocks()
+            )
+        elif op == "remove":
+            await index_store.remove_blocks(self.redis, self.model, self.worker_id, keys)
+
+    async def _clear(self, reason: str) -> None:
+        self.stats.clears += 1
+        self.keys.reset()
+        await index_store.clear_worker(self.redis, self.model, self.worker_id)
+        if self.on_reset is not None:
+            await self.on_reset(reason)
