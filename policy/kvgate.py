@@ -1,0 +1,106 @@
+"""kvgate's default routing policy: least predicted time to first token, with affinity guards.
+
+    candidates  Eligible (healthy, not draining) → HardOverload (engine slots / KV full)
+                → ReplicaCap (a prefix held by ≥ cap workers stays on them unless hot and overloaded)
+                → StickyHold (within the window a prefix stays on its worker unless overloaded)
+    cost(w)     = TtftModel.ttft_s(w, prompt − effective_hit(w)) × (1 − cold_start(w))
+    winner      = argmin cost, seeded tie-break
+
+effective_hit(w) is the worker's cached prompt prefix, ignored below `min_cache_gain` of the prompt (30 %).
+The TTFT model (policy/scorers.py) charges the uncached prefill already queued on the worker plus this
+request's own uncached prefill, slowed by running decodes: it weighs cache against load in one unit
+(seconds), the way Dynamo's cost weighs prefill blocks against decode blocks, instead of mixing unitless
+scores. The guards add what a greedy cost model lacks: stability (stickiness, the minimum gain), KV economy
+(replica cap) and exploration of new workers (cold-start discount). Parameters: policy/config.py and
+docs/ROUTING.md.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from policy.article import article_policy
+from policy.config import RoutingConfig
+from policy.filters import Eligible, Filter, HardOverload, ReplicaCap, StickyHold
+from policy.pickers import MinCost
+from policy.profile import RoutingPolicy, run_filters
+from policy.scorers import ColdStart, PredictedTtft, TtftModel, effective_hit_tokens
+from policy.types import Decision, RequestView, WorkerView
+
+
+@dataclass(frozen=True)
+class KvgatePolicy:
+    """Least predicted TTFT among the candidates that survive the affinity guards."""
+
+    config: RoutingConfig = field(default_factory=RoutingConfig)
+    name: str = "kvgate"
+
+    @property
+    def ttft(self) -> PredictedTtft:
+        t = self.config.ttft
+        model = TtftModel(t.prefill_tokens_per_s, t.decode_slowdown, t.overhead_s)
+        return PredictedTtft(model=model, min_gain=self.config.min_cache_gain)
+
+    def filters(self) -> Sequence[Filter]:
+        c, ttft = self.config, self.ttft
+        return (
+            Eligible(),
+            HardOverload(),
+            ReplicaCap(
+                ttft=ttft,
+                cap=c.replicas.cap,
+                hot_rate_per_s=c.replicas.hot_rate_per_s,
+                overload_ttft_s=c.replicas.overload_ttft_s,
+            ),
+            StickyHold(
+                ttft=ttft,
+                window_s=c.sticky.window_s,
+                overload_ttft_s=c.sticky.overload_ttft_s,
+                overload_ratio=c.sticky.overload_ratio,
+            ),
+        )
+
+    def decide(
+        self, req: RequestView, workers: Sequence[WorkerView], rng: random.Random, now_s: float
+    ) -> Decision:
+        c = self.config
+        candidates, narrowed, emptied = run_filters(self.filters(), req, workers, now_s)
+        if emptied is not None:
+            return Decision.reject(f"no worker left after {emptied}")
+        ttft = self.ttft
+        ttfts = ttft.ttfts(req, candidates)
+        cold = ColdStart(c.cold_start.period_s, c.cold_start.discount).score(req, candidates, now_s)
+        prompt = max(req.prompt_tokens, 1)
+        scores: dict[str, dict[str, float]] = {}
+        costs: dict[str, float] = {}
+        for w in candidates:
+            hit = effective_hit_tokens(req, w.id, c.min_cache_gain)
+            costs[w.id] = ttfts[w.id] * (1.0 - cold[w.id])
+            scores[w.id] = {
+                "prefix-match": hit / prompt,
+                "predicted-ttft": ttfts[w.id],
+                "cold-start": cold[w.id],
+                "cost": costs[w.id],
+            }
+        winner = MinCost().pick(costs, rng)
+        return Decision(worker=winner, reason=_reason(req, winner, scores[winner], narrowed), scores=scores)
+
+
+def _reason(req: RequestView, winner: str, parts: dict[str, float], narrowed: list[str]) -> str:
+    ttft = f"predicted TTFT {parts['predicted-ttft']:.3f} s"
+    if "sticky-hold" in narrowed:
+        return f"sticky on {winner} (prefix {parts['prefix-match']:.2f}), {ttft}"
+    held = " among replicas (cap)" if "replica-cap" in narrowed else ""
+    if parts["prefix-match"] > 0:
+        return f"prefix {parts['prefix-match']:.2f} on {winner}{held}, least {ttft}"
+    cold = ", cold-start discount" if parts["cold-start"] > 0 else ""
+    return f"miss → least {ttft} on {winner}{held}{cold}"
+
+
+def build_policy(config: RoutingConfig) -> RoutingPolicy:
+    """The policy `config.policy` names: `kvgate` (default) or `article`."""
+    if config.policy == "article":
+        return article_policy(config)
+    return KvgatePolicy(config)

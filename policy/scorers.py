@@ -1,0 +1,165 @@
+"""Scorers: one signal each, a score in [0, 1] per candidate worker, higher is better (llm-d's contract).
+
+A profile (policy/profile.py) weighs them; kvgate's cost model (policy/kvgate.py) reads `TtftModel`
+directly. Every scorer is a frozen dataclass with a stable kebab-case `name` used by config and the
+decision log. Scores outside [0, 1] are clamped by the profile, but none of these produce any.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from policy.types import RequestView, WorkerView
+
+
+class Scorer(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]: ...
+
+
+def clamp01(x: float) -> float:
+    return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
+
+
+def effective_hit_tokens(req: RequestView, worker_id: str, min_gain: float) -> int:
+    """Cached prompt tokens on the worker, or 0 when they cover less than `min_gain` of the prompt
+    (the article's minimum cache gain: small matches are ignored so that they cannot cause churn)."""
+    hit = req.hit_tokens(worker_id)
+    if hit <= 0 or hit < min_gain * req.prompt_tokens:
+        return 0
+    return min(hit, req.prompt_tokens) if req.prompt_tokens > 0 else hit
+
+
+@dataclass(frozen=True)
+class TtftModel:
+    """Predicted time to first token of `req` on worker `w`, in seconds:
+
+        ttft = overhead_s + (w.pending_prefill_tokens + prompt − hit) / prefill_tokens_per_s
+                            × (1 + decode_slowdown × w.inflight)
+
+    `pending_prefill_tokens` is the uncached prefill already queued on the worker (router-side, R),
+    `prompt − hit` this request's own uncached prefill, and the last factor the share of each engine step
+    taken by running decodes (chunked prefill shares the step budget). Ranges: prefill_tokens_per_s > 0
+    (≈ 10k–50k for an 8B model on one H100), decode_slowdown 0–1 (≈ 0.005–0.05), overhead_s ≥ 0.
+    """
+
+    prefill_tokens_per_s: float = 12_000.0
+    decode_slowdown: float = 0.01
+    overhead_s: float = 0.02
+
+    def ttft_s(self, w: WorkerView, uncached_tokens: int) -> float:
+        work = max(0, w.pending_prefill_tokens) + max(0, uncached_tokens)
+        slowdown = 1.0 + self.decode_slowdown * max(0, w.inflight)
+        return self.overhead_s + work / self.prefill_tokens_per_s * slowdown
+
+
+@dataclass(frozen=True)
+class PredictedTtft:
+    """score = scale_s / (scale_s + ttft): 1 for an instant first token, 0.5 at `scale_s` (> 0)."""
+
+    model: TtftModel
+    min_gain: float = 0.3
+    scale_s: float = 1.0
+    name: str = "predicted-ttft"
+
+    def ttfts(self, req: RequestView, workers: Sequence[WorkerView]) -> dict[str, float]:
+        return {
+            w.id: self.model.ttft_s(w, req.prompt_tokens - effective_hit_tokens(req, w.id, self.min_gain))
+            for w in workers
+        }
+
+    def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
+        return {wid: self.scale_s / (self.scale_s + t) for wid, t in self.ttfts(req, workers).items()}
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """score = hit_tokens / prompt_tokens, or 0 when below `min_gain` (0–1). 0 for an empty prompt."""
+
+    min_gain: float = 0.0
+    name: str = "prefix-match"
+
+    def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
+        if req.prompt_tokens <= 0:
+            return {w.id: 0.0 for w in workers}
+        return {
+            w.id: clamp01(effective_hit_tokens(req, w.id, self.min_gain) / req.prompt_tokens) for w in workers
+        }
+
+
+@dataclass(frozen=True)
+class Load:
+    """score = 1 − min(inflight, saturate_at) / saturate_at: 1 idle, 0 at `saturate_at` (≥ 1) requests."""
+
+    saturate_at: int = 32
+    name: str = "load"
+
+    def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
+        return {w.id: 1.0 - min(max(w.inflight, 0), self.saturate_at) / self.saturate_at for w in workers}
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    """score = 1 − min(waiting, saturate_at) / saturate_at (engine-reported queue, M)."""
+
+    saturate_at: int = 32
+    name: str = "queue-depth"
+
+    def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
+        return {w.id: 1.0 - min(max(w.waiting, 0), self.saturate_at) / self.saturate_at for w in workers}
+
+
+@dataclass(frozen=True)
+class KvFree:
+    """score = 1 − kv_usage (engine-reported KV cache usage 0–1, M)."""
+
+    name: str = "kv-free"
+
+    def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
+        return {w.id: clamp01(1.0 - w.kv_usage) for w in workers}
+
+
+@dataclass(frozen=True)
+class Stickiness:
+    """score = 1 for the request's sticky worker while now − since ≤ window_s (≥ 0), else 0."""
+
+    window_s: float = 30.0
+    name: str = "stickiness"
+
+    def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
+        live = sticky_live(req, now_s, self.window_s)
+        return {w.id: 1.0 if live and w.id == req.sticky_worker else 0.0 for w in workers}
+
+
+def sticky_live(req: RequestView, now_s: float, window_s: float) -> bool:
+    """The request has a sticky worker whose window has not run out."""
+    return (
+        req.sticky_worker is not None
+        and req.sticky_since_s is not None
+        and now_s - req.sticky_since_s <= window_s
+    )
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    """score = discount × (1 − age / period_s) for a worker younger than period_s, else 0.
+
+    A new worker has no cache, so cache-aware scores starve it; this share (discount 0–1, period ≥ 0)
+    fades linearly to 0 over the exploration period. kvgate multiplies its cost by (1 − score).
+    """
+
+    period_s: float = 60.0
+    discount: float = 0.3
+    name: str = "cold-start"
+
+    def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
+        if self.period_s <= 0:
+            return {w.id: 0.0 for w in workers}
+        return {
+            w.id: clamp01(self.discount * (1.0 - max(0.0, now_s - w.joined_s) / self.period_s))
+            for w in workers
+        }
