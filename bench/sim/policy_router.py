@@ -1,0 +1,104 @@
+"""Simulator adapter for kvgate's policies (`kvgate`, `article`): the same `policy/` code the gateway runs.
+
+Per request: `RoutingState.prepare` → `policy.decide` → `RoutingState.commit`, exactly as the gateway
+does. Trace block ids already name whole prefixes (Mooncake semantics), so they are the prefix hashes
+as they are; `block_tokens` come from the request. The prefix index is approximate (entries inserted at
+routing time, blind to engine evictions), aged by a per-worker LRU of capacity_tokens(w) / block size.
+
+Load signals, as a gateway that sees every request knows them (R): in-flight counts and the *uncached*
+prefill tokens dispatched to each worker whose first token has not come back (prompt − the hit this
+router expected); engine running/waiting/KV usage come scraped (M) from `cluster.worker_views`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from bench.sim.types import ClusterView, Router, SimRequest
+from policy.config import RoutingConfig
+from policy.index import PrefixIndex
+from policy.kvgate import build_policy
+from policy.profile import RoutingPolicy
+from policy.state import RoutingState
+
+_DEFAULT_INDEX_BLOCKS = 1 << 20  # until the first request tells the block size
+
+
+class PolicyRouter:
+    """A `bench.sim.types.Router` driving a `policy.profile.RoutingPolicy` through a `RoutingState`."""
+
+    def __init__(self, name: str, config: RoutingConfig, seed: int) -> None:
+        self.name = name
+        self.config = config
+        self.policy: RoutingPolicy = build_policy(config)
+        self.state = RoutingState(config, PrefixIndex(_DEFAULT_INDEX_BLOCKS), insert_on_commit=True)
+        self._rng = random.Random(seed)
+        self._inflight: dict[str, int] = {}
+        self._pending_prefill: dict[str, int] = {}
+        self._expected_prefill: dict[int, int] = {}  # request id -> uncached tokens charged at routing
+        self._block_size = 0
+        self.decisions = 0
+        self.reasons: dict[str, int] = {}  # first words of Decision.reason -> count (for tuning reports)
+
+    def _size_index(self, req: SimRequest, cluster: ClusterView) -> None:
+        block = max(req.block_tokens, default=0)
+        if block <= self._block_size:
+            return
+        self._block_size = block
+        for w in cluster.worker_ids:
+            self.state.index.set_capacity(w, max(1, cluster.capacity_tokens(w) // block))
+
+    def route(self, req: SimRequest, cluster: ClusterView, now_s: float) -> str:
+        self._size_index(req, cluster)
+        views = [
+            dataclasses.replace(
+                v,
+                inflight=self._inflight.get(v.id, 0),
+                pending_prefill_tokens=self._pending_prefill.get(v.id, 0),
+            )
+            for v in cluster.worker_views(now_s)
+        ]
+        views = self.state.observe_workers(views, now_s)
+        view = self.state.prepare(
+            request_id=str(req.id),
+            prefix_hashes=req.block_ids,
+            block_tokens=req.block_tokens,
+            prompt_tokens=req.input_tokens,
+            workers=views,
+            now_s=now_s,
+            max_tokens=req.output_tokens,
+            band=req.band,
+            tenant=req.tenant,
+        )
+        decision = self.policy.decide(view, views, self._rng, now_s)
+        self.decisions += 1
+        key = decision.reason.split(" on ")[0].split(" (")[0]
+        self.reasons[key] = self.reasons.get(key, 0) + 1
+        worker = decision.worker
+        if worker is None:  # every worker unhealthy or draining: the simulator has no reject path here
+            worker = views[0].id
+        self.state.commit(view, dataclasses.replace(decision, worker=worker), now_s)
+        uncached = max(0, req.input_tokens - view.hit_tokens(worker))
+        self._expected_prefill[req.id] = uncached
+        self._inflight[worker] = self._inflight.get(worker, 0) + 1
+        self._pending_prefill[worker] = self._pending_prefill.get(worker, 0) + uncached
+        return worker
+
+    def on_first_token(self, req: SimRequest, worker_id: str, now_s: float) -> None:
+        uncached = self._expected_prefill.pop(req.id, 0)
+        self._pending_prefill[worker_id] = self._pending_prefill.get(worker_id, 0) - uncached
+
+    def on_finish(self, req: SimRequest, worker_id: str, now_s: float) -> None:
+        self.on_first_token(req, worker_id, now_s)  # no-op unless the first token was never reported
+        self._inflight[worker_id] = self._inflight.get(worker_id, 0) - 1
+
+
+def make_kvgate_router(seed: int, config: RoutingConfig | None = None) -> Router:
+    """kvgate's default policy (policy/kvgate.py) with default config unless given."""
+    return PolicyRouter("kvgate", config or RoutingConfig(policy="kvgate"), seed)
+
+
+def make_article_router(seed: int, config: RoutingConfig | None = None) -> Router:
+    """The article's formula (policy/article.py), weights 1.2 / 0.7 / 0.3, 30 % minimum gain, stickiness."""
+    return PolicyRouter("article", config or RoutingConfig(policy="article"), seed)
