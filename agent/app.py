@@ -1,0 +1,364 @@
+"""The node agent process: probes one worker, keeps its registry lease, publishes its cache summary.
+
+Every heartbeat period `WorkerAgent.step` probes the worker (GET /health, /metrics, and
+/kvgate/inflight when the worker offers it), asks `LeaseKeeper` (agent/lease.py) what to do, and does
+it against Redis (agent/registry.py, agent/index_store.py). In exact mode a `KvEventConsumer`
+(agent/kv_events.py) turns the worker's KV events into index entries. The agent serves its own
+GET /healthz and GET /metrics (Prometheus text). `create_app(config)` builds the aiohttp app; Redis,
+the HTTP client, the lease loop and the KV-event consumer live in `cleanup_ctx` contexts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from agent import index_store, registry
+from agent.config import AgentConfig
+from agent.kv_events import KvEventConsumer
+from agent.lease import LeaseKeeper, Probe
+from agent.registry import WorkerRecord
+from agent.scrape import MetricsParseError, WorkerLoad, extract_load, parse_prometheus
+from plugin.tasks import cancel_and_wait, spawn
+
+logger = logging.getLogger("kvgate.agent")
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class WorkerAgent:
+    """Imperative shell around `LeaseKeeper`: probe the worker, then register / heartbeat / drain."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        redis: aioredis.Redis,
+        session: aiohttp.ClientSession,
+        clock_ms: Callable[[], int] = wall_ms,
+    ) -> None:
+        self.config = config
+        self.redis = redis
+        self.session = session
+        self.clock_ms = clock_ms
+        self.keeper = LeaseKeeper(
+            fail_periods=config.fail_periods, drain_quiet_periods=config.drain_quiet_periods
+        )
+        self.models: list[str] = [config.model] if config.model else []
+        self.epochs: dict[str, int] = {}
+        self.counts: Counter[str] = Counter()
+        self.inflight_supported = True
+        self.consumer: KvEventConsumer | None = None
+        self._consumer_task: asyncio.Task[None] | None = None
+        self.done = asyncio.Event()  # set when the agent has finished (drained, or stopped)
+        self.exit_code = 0
+
+    # --- probing the worker ---
+
+    async def _get(self, path: str) -> tuple[int, str]:
+        timeout = aiohttp.ClientTimeout(total=self.config.http_timeout_s)
+        async with self.session.get(self.config.base_url + path, timeout=timeout) as resp:
+            return resp.status, await resp.text()
+
+    async def probe(self) -> Probe:
+        try:
+            status, _ = await self._get("/health")
+        except aiohttp.ClientConnectorError:
+            self.counts["probe_errors"] += 1
+            return Probe(healthy=False, load=None, down=True)
+        except (aiohttp.ClientError, TimeoutError):
+            self.counts["probe_errors"] += 1
+            return Probe(healthy=False, load=None)
+        if status >= 300:
+            self.counts["probe_errors"] += 1
+            return Probe(healthy=False, load=None)
+        load = await self._scrape()
+        inflight = await self._inflight() if load is not None else None
+        if load is not None and not self.models:
+            self.models = await self._worker_models()
+            if not self.models:
+                return Probe(healthy=False, load=None)  # cannot register a worker that serves nothing
+        return Probe(healthy=True, load=load, inflight_ids=inflight)
+
+    async def _scrape(self) -> WorkerLoad | None:
+        try:
+            status, text = await self._get("/metrics")
+            if status != 200:
+                raise MetricsParseError(f"GET /metrics answered {status}")
+            return extract_load(parse_prometheus(text))
+        except (aiohttp.ClientError, TimeoutError, MetricsParseError) as e:
+            self.counts["scrape_errors"] += 1
+            logger.warning("scrape of %s/metrics failed: %s", self.config.base_url, e)
+            return None
+
+    async def _inflight(self) -> tuple[str, ...] | None:
+        if not self.inflight_supported:
+            return None
+        try:
+            status, text = await self._get(self.config.inflight_path)
+            if status == 404:
+                self.inflight_supported = False  # real vLLM: report counts only
+                logger.info("worker has no %s: reporting counts only", self.config.inflight_path)
+                return None
+            body: Any = json.loads(text) if status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+        if isinstance(body, dict):
+            body = body.get("request_ids", body.get("ids", body.get("inflight")))
+        return tuple(str(x) for x in body) if isinstance(body, list) else None
+
+    async def _worker_models(self) -> list[str]:
+        try:
+            status, text = await self._get("/v1/models")
+            data = json.loads(text).get("data", []) if status == 200 else []
+            return sorted({str(m["id"]) for m in data if isinstance(m, dict) and "id" in m})
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as e:
+            logger.warning("GET %s/v1/models failed: %s", self.config.base_url, e)
+            return []
+
+    # --- one heartbeat period ---
+
+    async def step(self) -> None:
+        """Probe once and carry out what the lease keeper decides."""
+        probe = await self.probe()
+        restarts = self.keeper.restarts
+        actions = self.keeper.observe(probe)
+        if self.keeper.restarts > restarts:
+            logger.warning("worker %s restarted (%s): new epoch, index cleared",
+                           self.config.id, self.keeper.last_restart_reason)  # fmt: skip
+        for action in actions:
+            if action == "register":
+                await self.register()
+            elif action == "clear_index":
+                await self.clear_index()
+            elif action == "heartbeat":
+                await self.heartbeat()
+            elif action == "suspend":
+                self.counts["suspensions"] += 1
+                logger.warning("worker %s failed %d probes: no longer renewing its lease",
+                               self.config.id, self.keeper.failures)  # fmt: skip
+            elif action == "finish":
+                await self.finish("drained: no requests left")
+
+    def _record(self, model: str) -> WorkerRecord:
+        load = self.keeper.last_load or WorkerLoad(engine="unknown")
+        return WorkerRecord(
+            id=self.config.id,
+            model=model,
+            url=self.config.base_url,
+            models=(model,),
+            max_concurrency=self.config.max_concurrency,
+            capacity_tokens=load.capacity_tokens,
+            block_size=load.block_size,
+            num_gpu_blocks=load.num_gpu_blocks,
+            running=load.running,
+            waiting=load.waiting,
+            kv_usage=load.kv_usage,
+            draining=self.keeper.draining,
+            inflight_ids=self.keeper.last_inflight,
+        )
+
+    async def register(self) -> None:
+        now = self.clock_ms()
+        for model in self.models:
+            self.epochs[model] = await registry.register(
+                self.redis, self._record(model), self.config.lease_ms, now
+            )
+        self.keeper.registered_now()
+        self.counts["registrations"] += 1
+        logger.info("registered worker %s (%s) for %s, epoch %s",
+                    self.config.id, self.config.base_url, ", ".join(self.models), self.epochs)  # fmt: skip
+        if self.config.kv_events and self._consumer_task is None:
+            self._start_kv_events()
+
+    async def heartbeat(self) -> None:
+        load = self.keeper.last_load or WorkerLoad(engine="unknown")
+        draining: bool | None = False
+        for model in self.models:
+            reply = await registry.heartbeat(
+                self.redis,
+                model,
+                self.config.id,
+                running=load.running,
+                waiting=load.waiting,
+                kv_usage=load.kv_usage,
+                inflight_ids=self.keeper.last_inflight,
+                lease_ms=self.config.lease_ms,
+                now_ms=self.clock_ms(),
+            )
+            draining = None if reply is None or draining is None else draining or reply
+        self.counts["heartbeats"] += 1
+        self.keeper.heartbeat_reply(draining)
+        if draining is None:  # pruned or deregistered meanwhile: come back at once
+            logger.warning("worker %s was not registered any more: registering again", self.config.id)
+            await self.register()
+            await self.clear_index()
+
+    async def clear_index(self) -> None:
+        if self.consumer is not None:
+            self.consumer.keys.reset()
+        for model in self.models:
+            await index_store.clear_worker(self.redis, model, self.config.id)
+
+    async def finish(self, why: str, exit_code: int = 0) -> None:
+        """Deregister the worker (it gets no new requests) and drop its index entries."""
+        for model in self.models:
+            await registry.deregister(self.redis, model, self.config.id)
+            await index_store.clear_worker(self.redis, model, self.config.id)
+        logger.info("worker %s deregistered: %s", self.config.id, why)
+        self.exit_code = exit_code
+        self.done.set()
+
+    async def run(self) -> None:
+        """Step every heartbeat period until done; Redis errors are counted and retried next period."""
+        period_s = self.config.heartbeat_ms / 1000
+        while not self.done.is_set():
+            started = time.monotonic()
+            try:
+                await self.step()
+            except (aioredis.RedisError, OSError) as e:
+                self.counts["redis_errors"] += 1
+                logger.warning("agent step failed: %s", e)
+            remaining = period_s - (time.monotonic() - started)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.done.wait(), max(remaining, 0.0))
+
+    # --- exact mode ---
+
+    def _capacity_blocks(self) -> int:
+        load = self.keeper.last_load
+        return load.capacity_tokens // self.config.router_block_size if load else 0
+
+    async def _on_kv_reset(self, reason: str) -> None:
+        for model in self.models:
+            self.epochs[model] = await registry.bump_epoch(self.redis, model, self.config.id)
+        self.counts["cache_resets"] += 1
+        logger.warning("worker %s cache reset (%s): new epoch %s", self.config.id, reason, self.epochs)
+
+    def _start_kv_events(self) -> None:
+        if self.config.kv_events is None:
+            return
+        self.consumer = KvEventConsumer(
+            self.redis,
+            endpoint=self.config.kv_events,
+            model=self.models[0],
+            worker_id=self.config.id,
+            router_block_size=self.config.router_block_size,
+            capacity_blocks=self._capacity_blocks,
+            on_reset=self._on_kv_reset,
+            clock_ms=self.clock_ms,
+        )
+        self._consumer_task = spawn(self.consumer.run(), name=f"kv-events-{self.config.id}")
+
+    async def close(self) -> None:
+        await cancel_and_wait(self._consumer_task)
+
+    # --- the agent's own metrics ---
+
+    def metrics_text(self) -> str:
+        labels = f'{{worker="{self.config.id}"}}'
+        load = self.keeper.last_load
+        stats = self.consumer.stats if self.consumer else None
+        lines = []
+
+        def metric(name: str, kind: str, value: float, help_text: str) -> None:
+            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{labels} {value}"])
+
+        metric("kvgate_agent_heartbeats_total", "counter", self.counts["heartbeats"], "Lease renewals sent.")
+        metric("kvgate_agent_registrations_total", "counter", self.counts["registrations"], "Registrations.")
+        metric(
+            "kvgate_agent_probe_errors_total",
+            "counter",
+            self.counts["probe_errors"],
+            "Failed /health probes.",
+        )
+        metric("kvgate_agent_scrape_errors_total", "counter", self.counts["scrape_errors"], "Failed scrapes.")
+        metric(
+            "kvgate_agent_redis_errors_total", "counter", self.counts["redis_errors"], "Failed Redis calls."
+        )
+        metric("kvgate_agent_worker_restarts_total", "counter", self.keeper.restarts, "Worker restarts seen.")
+        metric(
+            "kvgate_agent_cache_resets_total", "counter", self.counts["cache_resets"], "Cache clears seen."
+        )
+        metric(
+            "kvgate_agent_lease_renewing", "gauge", int(self.keeper.renewing), "1 while the lease is renewed."
+        )
+        metric("kvgate_agent_draining", "gauge", int(self.keeper.draining), "1 while the worker is draining.")
+        metric(
+            "kvgate_agent_worker_running", "gauge", load.running if load else 0, "Worker running requests."
+        )
+        metric("kvgate_agent_worker_waiting", "gauge", load.waiting if load else 0, "Worker queued requests.")
+        metric(
+            "kvgate_agent_worker_kv_usage", "gauge", load.kv_usage if load else 0.0, "Worker KV usage 0..1."
+        )
+        metric("kvgate_agent_kv_batches_total", "counter", stats.batches if stats else 0, "KV-event batches.")
+        metric("kvgate_agent_kv_events_total", "counter", stats.events if stats else 0, "KV events received.")
+        metric(
+            "kvgate_agent_kv_seq_gaps_total", "counter", stats.seq_gaps if stats else 0, "KV-event seq gaps."
+        )
+        metric("kvgate_agent_kv_missed_batches_total", "counter", stats.missed_batches if stats else 0,
+               "KV-event batches lost in seq gaps.")  # fmt: skip
+        metric("kvgate_agent_kv_decode_errors_total", "counter", stats.decode_errors if stats else 0,
+               "Undecodable KV-event messages.")  # fmt: skip
+        metric("kvgate_agent_kv_unknown_parent_blocks_total", "counter",
+               self.consumer.keys.unknown_parents if self.consumer else 0,
+               "Stored blocks skipped: parent stored before the agent subscribed.")  # fmt: skip
+        return "\n".join(lines) + "\n"
+
+
+CONFIG = web.AppKey("config", AgentConfig)
+AGENT = web.AppKey("agent", WorkerAgent)
+
+
+async def _agent_context(app: web.Application) -> AsyncIterator[None]:
+    config = app[CONFIG]
+    redis = aioredis.Redis.from_url(config.redis_url)
+    session = aiohttp.ClientSession()
+    agent = WorkerAgent(config, redis, session)
+    app[AGENT] = agent
+    loop_task = spawn(agent.run(), name=f"agent-{config.id}")
+    try:
+        yield
+    finally:
+        await cancel_and_wait(loop_task)
+        await agent.close()
+        await session.close()
+        await redis.aclose()
+
+
+async def healthz(request: web.Request) -> web.Response:
+    agent = request.app[AGENT]
+    body = {
+        "worker": agent.config.id,
+        "models": agent.models,
+        "registered": agent.keeper.registered,
+        "renewing": agent.keeper.renewing,
+        "draining": agent.keeper.draining,
+        "epochs": agent.epochs,
+    }
+    ok = agent.keeper.registered and agent.keeper.renewing
+    return web.json_response(body, status=200 if ok else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(text=request.app[AGENT].metrics_text(), content_type="text/plain", charset="utf-8")
+
+
+def create_app(config: AgentConfig) -> web.Application:
+    app = web.Application()
+    app[CONFIG] = config
+    app.cleanup_ctx.append(_agent_context)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    return app
