@@ -1,0 +1,143 @@
+"""policy/kvgate.py: kvgate's default policy on hand-made cases, one rule per case."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from policy.config import ColdStartConfig, ReplicaConfig, RoutingConfig, StickyConfig, TtftModelConfig
+from policy.kvgate import KvgatePolicy, build_policy
+from policy.profile import Profile
+from policy.types import RequestView, WorkerView
+
+# 1000 prefill tokens/s, no decode slowdown, no overhead: predicted TTFT is easy to compute by hand
+CONFIG = RoutingConfig(
+    ttft=TtftModelConfig(prefill_tokens_per_s=1000.0, decode_slowdown=0.0, overhead_s=0.0),
+    cold_start=ColdStartConfig(period_s=0.0),
+)
+POLICY = KvgatePolicy(CONFIG)
+
+
+def req(hits: dict[str, int] | None = None, **kw: object) -> RequestView:
+    base: dict[str, object] = {
+        "id": "r",
+        "prefix_hashes": (1, 2, 3, 4),
+        "block_tokens": (500, 500, 500, 500),
+        "prompt_tokens": 2000,
+        "prefix_hits": hits or {},
+    }
+    base.update(kw)
+    return RequestView(**base)  # type: ignore[arg-type]
+
+
+def w(wid: str, queued: int = 0, **kw: object) -> WorkerView:
+    return WorkerView(id=wid, pending_prefill_tokens=queued, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("request_view", "workers", "winner", "reason"),
+    [
+        pytest.param(req(), [w("a", 1000), w("b", 0)], "b", "miss", id="miss: least queued prefill"),
+        pytest.param(
+            req({"a": 4}), [w("a", 1000), w("b", 0)], "a", "prefix 1.00", id="hit worth 2 s beats 1 s queue"
+        ),
+        pytest.param(
+            req({"a": 4}), [w("a", 3000), w("b", 0)], "b", "miss", id="queue of 3 s beats a 2 s hit"
+        ),
+        pytest.param(
+            req({"a": 1}),
+            [w("a", 100), w("b", 0)],
+            "b",
+            "miss",
+            id="25 % hit is below the 30 % min gain: ignored",
+        ),
+        pytest.param(req({"a": 2}), [w("a", 900), w("b", 0)], "a", "prefix 0.50", id="50 % hit counts"),
+        pytest.param(
+            req({"a": 4}), [w("a", draining=True), w("b", 5000)], "b", "miss", id="never a draining worker"
+        ),
+        pytest.param(
+            req({"a": 4}), [w("a", healthy=False), w("b", 5000)], "b", "miss", id="never an unhealthy worker"
+        ),
+        pytest.param(
+            req({"a": 4}, sticky_worker="a", sticky_since_s=0.0),
+            [w("a", 1500), w("b", 0)],
+            "a",
+            "sticky",
+            id="sticky within window under overload",
+        ),
+        pytest.param(
+            req({}, sticky_worker="a", sticky_since_s=0.0),
+            [w("a", 900), w("b", 0)],
+            "a",
+            "sticky",
+            id="sticky holds although b is cheaper (2.9 s < 2 × 2 s)",
+        ),
+        pytest.param(
+            req({}, sticky_worker="a", sticky_since_s=0.0),
+            [w("a", 5000), w("b", 0)],
+            "b",
+            "miss",
+            id="sticky worker overloaded (7 s > 1 s and > 2 × 2 s): released",
+        ),
+        pytest.param(
+            req({}, sticky_worker="a", sticky_since_s=-31.0),
+            [w("a", 900), w("b", 0)],
+            "b",
+            "miss",
+            id="sticky window over",
+        ),
+    ],
+)
+def test_kvgate_decisions(
+    request_view: RequestView, workers: list[WorkerView], winner: str, reason: str
+) -> None:
+    d = POLICY.decide(request_view, workers, random.Random(0), now_s=0.0)
+    assert d.worker == winner
+    assert reason in d.reason
+    assert set(d.scores) <= {x.id for x in workers}
+    assert set(d.scores[winner]) == {"prefix-match", "predicted-ttft", "cold-start", "cost"}
+
+
+def test_below_min_gain_is_a_tie_broken_by_seed() -> None:
+    picks = {POLICY.decide(req({"a": 1}), [w("a"), w("b")], random.Random(s), 0.0).worker for s in range(20)}
+    assert picks == {"a", "b"}, "a 25 % hit is ignored, so the two workers cost the same"
+
+
+def test_replica_cap_keeps_a_prefix_on_its_holders() -> None:
+    policy = KvgatePolicy(
+        RoutingConfig(
+            ttft=CONFIG.ttft,
+            cold_start=CONFIG.cold_start,
+            replicas=ReplicaConfig(cap=2, hot_rate_per_s=1.0),
+            sticky=StickyConfig(window_s=0.0),
+        )
+    )
+    held = req({"a": 4, "b": 4}, prefix_rate=0.2)
+    workers = [w("a", 2500), w("b", 2500), w("c", 0)]  # c would be cheaper (2 s < 2.5 s) but is a new replica
+    d = policy.decide(held, workers, random.Random(0), 0.0)
+    assert d.worker in {"a", "b"} and "replicas" in d.reason
+    hot = req({"a": 4, "b": 4}, prefix_rate=5.0)  # hot and the holders' best TTFT 2.5 s ≥ 1 s: may replicate
+    assert policy.decide(hot, workers, random.Random(0), 0.0).worker == "c"
+
+
+def test_cold_start_discount_attracts_a_new_worker() -> None:
+    policy = KvgatePolicy(
+        RoutingConfig(ttft=CONFIG.ttft, cold_start=ColdStartConfig(period_s=60, discount=0.5))
+    )
+    workers = [w("old", 100, joined_s=0.0), w("new", 1000, joined_s=100.0)]
+    # old: 2.1 s; new: 3.0 s × (1 − 0.5 × 50/60) = 1.75 s
+    d = policy.decide(req(), workers, random.Random(0), now_s=110.0)
+    assert d.worker == "new" and "cold-start" in d.reason
+    assert policy.decide(req(), workers, random.Random(0), now_s=200.0).worker == "old"
+
+
+def test_reject_when_nobody_is_eligible() -> None:
+    d = POLICY.decide(req(), [w("a", draining=True)], random.Random(0), 0.0)
+    assert d.worker is None and "eligible" in d.reason
+
+
+def test_build_policy_selects_by_name() -> None:
+    assert isinstance(build_policy(RoutingConfig()), KvgatePolicy)
+    article = build_policy(RoutingConfig(policy="article"))
+    assert isinstance(article, Profile) and article.name == "article"

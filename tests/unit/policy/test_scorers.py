@@ -1,0 +1,101 @@
+"""policy/scorers.py: every scorer on a table of hand-made workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from policy.scorers import (
+    ColdStart,
+    KvFree,
+    Load,
+    PredictedTtft,
+    PrefixMatch,
+    QueueDepth,
+    Scorer,
+    Stickiness,
+    TtftModel,
+    effective_hit_tokens,
+)
+from policy.types import RequestView, WorkerView
+
+REQ = RequestView(
+    id="r",
+    prefix_hashes=(1, 2, 3),
+    block_tokens=(400, 400, 200),
+    prompt_tokens=1000,
+    prefix_hits={"a": 3, "b": 1},
+    sticky_worker="b",
+    sticky_since_s=100.0,
+)
+WORKERS = [
+    WorkerView(id="a", inflight=0, waiting=0, kv_usage=0.2, joined_s=0.0),
+    WorkerView(id="b", inflight=16, waiting=8, kv_usage=0.9, joined_s=90.0),
+    WorkerView(id="c", inflight=40, waiting=50, kv_usage=1.0, joined_s=120.0),
+]
+
+
+@pytest.mark.parametrize(
+    ("scorer", "expected"),
+    [
+        pytest.param(PrefixMatch(), {"a": 1.0, "b": 0.4, "c": 0.0}, id="prefix-match: hit share"),
+        pytest.param(
+            PrefixMatch(min_gain=0.5), {"a": 1.0, "b": 0.0, "c": 0.0}, id="prefix-match: below min gain"
+        ),
+        pytest.param(Load(saturate_at=32), {"a": 1.0, "b": 0.5, "c": 0.0}, id="load: linear to saturation"),
+        pytest.param(QueueDepth(saturate_at=16), {"a": 1.0, "b": 0.5, "c": 0.0}, id="queue-depth"),
+        pytest.param(KvFree(), {"a": 0.8, "b": 0.1, "c": 0.0}, id="kv-free"),
+        pytest.param(Stickiness(window_s=30), {"a": 0.0, "b": 1.0, "c": 0.0}, id="stickiness: in window"),
+        pytest.param(Stickiness(window_s=10), {"a": 0.0, "b": 0.0, "c": 0.0}, id="stickiness: window over"),
+        pytest.param(
+            ColdStart(period_s=60, discount=0.3), {"a": 0.0, "b": 0.15, "c": 0.3}, id="cold-start fades"
+        ),
+        pytest.param(
+            ColdStart(period_s=0, discount=0.3), {"a": 0.0, "b": 0.0, "c": 0.0}, id="cold-start off"
+        ),
+    ],
+)
+def test_scorer_table(scorer: Scorer, expected: dict[str, float]) -> None:
+    got = scorer.score(REQ, WORKERS, now_s=120.0)
+    assert got == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("worker", "uncached", "expected_s"),
+    [
+        pytest.param(WorkerView(id="idle"), 1000, 0.02 + 1000 / 10_000, id="idle: own prefill only"),
+        pytest.param(
+            WorkerView(id="q", pending_prefill_tokens=9000), 1000, 0.02 + 1.0, id="queued prefill adds"
+        ),
+        pytest.param(WorkerView(id="busy", inflight=50), 1000, 0.02 + 0.1 * 1.5, id="decodes slow prefill"),
+        pytest.param(WorkerView(id="hit"), 0, 0.02, id="fully cached: overhead only"),
+    ],
+)
+def test_ttft_model(worker: WorkerView, uncached: int, expected_s: float) -> None:
+    model = TtftModel(prefill_tokens_per_s=10_000, decode_slowdown=0.01, overhead_s=0.02)
+    assert model.ttft_s(worker, uncached) == pytest.approx(expected_s)
+
+
+def test_predicted_ttft_uses_effective_hits_and_scores_in_unit_interval() -> None:
+    scorer = PredictedTtft(
+        TtftModel(prefill_tokens_per_s=1000, decode_slowdown=0.0, overhead_s=0.0), min_gain=0.5
+    )
+    ttfts = scorer.ttfts(REQ, WORKERS)
+    assert ttfts == pytest.approx({"a": 0.0, "b": 1.0, "c": 1.0})  # b's 40 % hit is below min gain
+    assert scorer.score(REQ, WORKERS, 0.0) == pytest.approx({"a": 1.0, "b": 0.5, "c": 0.5})
+
+
+@pytest.mark.parametrize(
+    ("worker", "min_gain", "expected"),
+    [
+        pytest.param("a", 0.3, 1000, id="full hit"),
+        pytest.param("b", 0.3, 400, id="hit above gain"),
+        pytest.param("b", 0.5, 0, id="hit below gain ignored"),
+        pytest.param("c", 0.0, 0, id="no hit"),
+    ],
+)
+def test_effective_hit_tokens(worker: str, min_gain: float, expected: int) -> None:
+    assert effective_hit_tokens(REQ, worker, min_gain) == expected
+
+
+def test_prefix_match_empty_prompt_scores_zero() -> None:
+    assert PrefixMatch().score(RequestView(id="r"), WORKERS, 0.0) == {"a": 0.0, "b": 0.0, "c": 0.0}
