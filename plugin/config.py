@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from policy.config import POLICIES, RoutingConfig, load_routing_config
+from policy.config import ConfigError as PolicyConfigError
 from policy.types import Band
 
 
@@ -112,22 +114,38 @@ class AdmissionSection:
 
 @dataclass(frozen=True)
 class ModelSection:
-    total: int = 0  # concurrent requests of this model across all gateways; 0 = admission.default_total
+    total: int = 0  # concurrent requests (or seats) of this model across all gateways; 0 = default_total
+    tenant: int = 0  # cap per tenant; 0 = none
+    queue_max: int = 0  # waiters per band queue; 0 = the admission default
+    count_seats: bool = False  # true: a request costs seats by its size (policy/admission.py seat_count)
 
     def check(self, path: str) -> None:
-        _at_least(f"{path}.total", self.total, 0)
+        for name in ("total", "tenant", "queue_max"):
+            _at_least(f"{path}.{name}", getattr(self, name), 0)
 
 
 @dataclass(frozen=True)
 class RoutingSection:
-    policy: str = "kvgate"  # kvgate | round_robin | least_loaded
+    policy: str = "kvgate"  # kvgate | article | round_robin | least_loaded
     chunk_chars: int = 256  # approximate mode: characters per hashed prefix block
     refresh_ms: int = 500  # worker registry mirror refresh period
     write_index: bool = True  # approximate mode: write index entries to Redis after routing
     seed: int = 0
+    # tuning of the kvgate / article policy: policy/config.py RoutingConfig fields (docs/ROUTING.md)
+    tuning: dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _one_of("routing.policy", self.policy, ("kvgate", "round_robin", "least_loaded"))
+        _one_of("routing.policy", self.policy, ("kvgate", "article", "round_robin", "least_loaded"))
+        self.policy_config()  # validate the tuning table now
+
+    def policy_config(self) -> RoutingConfig:
+        """The pure policy's config (policy/config.py); ConfigError names the key path."""
+        raw = dict(self.tuning)
+        raw.setdefault("policy", self.policy if self.policy in POLICIES else "kvgate")
+        try:
+            return load_routing_config(raw, "routing.tuning")
+        except PolicyConfigError as e:
+            raise ConfigError(e.path, e.value, e.reason) from None
         _at_least("routing.chunk_chars", self.chunk_chars, 16)
         _at_least("routing.refresh_ms", self.refresh_ms, 50)
 
@@ -228,6 +246,8 @@ def _convert(hint: Any, value: object, path: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(path, value, "must be an array")
         return [_convert(item_hint, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if hint is object:
+        return value
     if origin in (typing.Union, types.UnionType):
         raise TypeError(f"unsupported config type {hint} at {path}")
     if hint is bool:

@@ -29,8 +29,15 @@ class Usage:
 class SseMeter:
     """A `flow.response.stream` callable: forwards SSE lines unchanged and meters them."""
 
-    def __init__(self, *, strip_usage: bool, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        strip_usage: bool,
+        clock: Callable[[], float] = time.monotonic,
+        on_first_event: Callable[[], None] | None = None,
+    ) -> None:
         self.usage = Usage()
+        self._on_first_event = on_first_event
         self.strip_usage = strip_usage  # the client did not ask for the usage chunk: drop it
         self._clock = clock
         self._partial = b""
@@ -64,6 +71,8 @@ class SseMeter:
                 else:
                     if self.usage.first_token_at is None:
                         self.usage.first_token_at = self._clock()
+                        if self._on_first_event is not None:
+                            self._on_first_event()
                     self.usage.events += 1
                     if b'"usage"' in payload and self._read_usage(payload) and self.strip_usage:
                         self._skip_blank = True

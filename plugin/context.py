@@ -1,0 +1,89 @@
+"""What the gateway's child addons share: the per-flow state object and the process-wide parts.
+
+Every child reads and writes one typed `FlowState` in `flow.metadata[STATE]` (STYLE §7.3) instead
+of loose metadata keys. `GatewayContext` holds the parts built at start (config, Redis, slot pool,
+mirror, router, metrics, decision log) so the children are constructed once and wired in order.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from mitmproxy import http
+
+from plugin.errors import openai_error
+
+if TYPE_CHECKING:
+    from plugin.auth import Caller
+    from plugin.parse import ParsedRequest
+    from plugin.routing import Route
+    from plugin.streaming import SseMeter
+
+logger = logging.getLogger(__name__)
+
+STATE = "kvgate"
+
+
+@dataclass(slots=True)
+class FlowState:
+    """One completion request on its way through the gateway."""
+
+    request_id: str
+    received_at: float  # time.monotonic() when the request hook saw it
+    parsed: ParsedRequest | None = None
+    caller: Caller | None = None
+    lease: Any = None  # plugin.slots.Lease while a slot is held; popped exactly once on release
+    queued_s: float = 0.0
+    route: Route | None = None
+    meter: SseMeter | None = None
+    status: int = 0
+    error: str = ""
+    finished: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model(self) -> str:
+        return self.parsed.model if self.parsed else ""
+
+    @property
+    def band_name(self) -> str:
+        return self.caller.band.name.lower() if self.caller else "normal"
+
+
+def state_of(flow: http.HTTPFlow) -> FlowState | None:
+    state = flow.metadata.get(STATE)
+    return state if isinstance(state, FlowState) else None
+
+
+def answered(flow: http.HTTPFlow) -> bool:
+    """True once the flow needs nothing more from request-phase children (STYLE §1 guard)."""
+    return flow.response is not None or flow.error is not None or not flow.live
+
+
+A = TypeVar("A")
+
+
+def fail_closed(
+    hook: Callable[[A, http.HTTPFlow], Awaitable[None]],
+) -> Callable[[A, http.HTTPFlow], Awaitable[None]]:
+    """mitmproxy swallows hook errors and lets the flow go on to the fallback upstream; answer 500 instead."""
+
+    @functools.wraps(hook)
+    async def wrapper(self: A, flow: http.HTTPFlow) -> None:
+        try:
+            await hook(self, flow)
+        except Exception:
+            logger.exception("%s failed", hook.__qualname__)
+            if flow.live and flow.response is None and flow.error is None:
+                flow.response = openai_error(500, "gateway_error", "internal gateway error")
+
+    return wrapper
+
+
+def now_s() -> float:
+    return time.monotonic()

@@ -1,0 +1,75 @@
+"""Request intake, the first child on every request: answer local endpoints, refuse bad requests.
+
+In order: the path (404 JSON for anything kvgate does not serve), the gateway's own endpoints
+(/v1/models, /healthz, /metrics), drain (503), the caller (tenant from the API key → 401; band and
+wait budget from headers → 400), the body (limits and types → 400/413), the model's worker pool
+(404 unknown model, 503 none healthy) and the prompt's prefix hashes (400 for shapes that are not
+OpenAI requests). A refused request never reaches admission, routing or the fallback upstream.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+from mitmproxy import http
+
+from plugin.context import STATE, FlowState, answered, fail_closed, now_s
+from plugin.errors import GatewayError
+from plugin.parse import parse_completion, route_for
+from plugin.routing import hash_prompt
+
+if TYPE_CHECKING:
+    from plugin.addon import KvGate
+
+
+class Intake:
+    """Child addon: parse, authenticate and validate; serve the local endpoints."""
+
+    def __init__(self, gate: KvGate) -> None:
+        self.gate = gate
+
+    @fail_closed
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if answered(flow):
+            return
+        gate = self.gate
+        request = flow.request
+        try:
+            endpoint = route_for(request.method, request.path)
+        except GatewayError as e:
+            gate.metrics.local.inc("unknown")
+            flow.response = e.to_response()
+            return
+        if endpoint not in ("chat", "completions"):
+            gate.metrics.local.inc(endpoint)
+            flow.response = await gate.serve_local(endpoint)
+            return
+        state = FlowState(
+            request_id=request.headers.get("x-request-id") or uuid.uuid4().hex, received_at=now_s()
+        )
+        flow.metadata[STATE] = state
+        try:
+            if gate.draining:
+                raise GatewayError(
+                    503, "draining", "the gateway is shutting down; retry elsewhere", retry_after_s=1
+                )
+            state.caller = gate.auth.caller(request.headers)
+            parsed = parse_completion(endpoint, request.content or b"", gate.config.limits)
+            state.parsed = parsed
+            if not gate.mirror_workers(parsed.model):
+                raise GatewayError(
+                    404, "model_not_found", f"no worker serves model {parsed.model!r}", param="model"
+                )
+            if not gate.routable(parsed.model):
+                raise GatewayError(
+                    503, "no_healthy_worker", f"no healthy worker for {parsed.model!r}", retry_after_s=1
+                )
+            try:
+                state.extra["prompt"] = hash_prompt(
+                    parsed.body, parsed.model, gate.config.routing.chunk_chars
+                )
+            except ValueError as e:
+                raise GatewayError(400, "invalid_request", str(e)) from None
+        except GatewayError as e:
+            flow.response = e.to_response()

@@ -1,0 +1,134 @@
+"""The response side of a request: stream it through metered, then release its slot exactly once.
+
+`responseheaders` turns streaming on (an SSE body passes through chunk by chunk via `SseMeter`) and
+adds the `x-kvgate-*` headers; `response` (finished) and `error` (upstream failure, client gone,
+killed) both end the flow through `finish()`, which pops the lease from the flow state, so whichever
+hook comes first releases it and the other finds nothing (MITMPROXY.md §2.5). Every Redis write
+(release, decision record) runs in the background: these hooks stay near-instant because the last
+chunk is sent only after `response` returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from mitmproxy import http
+
+from plugin.context import FlowState, state_of
+from plugin.streaming import SseMeter, meter_json_body
+
+if TYPE_CHECKING:
+    from plugin.addon import KvGate
+
+logger = logging.getLogger(__name__)
+
+CONNECT_FAILURE_MARKERS = ("connect", "refused", "unreachable", "name or service")
+
+
+class Release:
+    """Child addon: metering, response headers, slot release, outcome record."""
+
+    def __init__(self, gate: KvGate) -> None:
+        self.gate = gate
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        state = state_of(flow)
+        response = flow.response
+        if state is None or response is None:
+            return
+        if self.gate.config.gateway.response_headers:
+            if state.route is not None:
+                response.headers["x-kvgate-worker"] = state.route.worker.id
+            if state.lease is not None or state.queued_s:
+                response.headers["x-kvgate-queued-ms"] = str(round(state.queued_s * 1000))
+            response.headers["x-kvgate-request-id"] = state.request_id
+        if state.route is None:
+            return  # answered locally
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            parsed = state.parsed
+            strip = bool(
+                parsed and parsed.stream and not parsed.include_usage and state.extra.get("usage_added")
+            )
+            route = state.route
+            state.meter = SseMeter(
+                strip_usage=strip, on_first_event=lambda: self.gate.router.first_token(route)
+            )
+            response.stream = state.meter
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        state = state_of(flow)
+        if state is None:
+            return
+        status = flow.response.status_code if flow.response else 0
+        self.finish(flow, state, status=status, error="")
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        state = state_of(flow)
+        if state is None:
+            return
+        message = flow.error.msg if flow.error else "error"
+        if state.route is not None and flow.response is None:
+            lowered = message.lower()
+            if any(marker in lowered for marker in CONNECT_FAILURE_MARKERS):
+                self.gate.router_suspect(state.route)
+        status = 499 if "client disconnected" in message.lower() else 502
+        self.finish(flow, state, status=status, error=message)
+
+    def finish(self, flow: http.HTTPFlow, state: FlowState, *, status: int, error: str) -> None:
+        """End the flow's accounting; safe to call more than once (only the first call acts)."""
+        if state.finished:
+            return
+        state.finished = True
+        state.status, state.error = status, error
+        lease, state.lease = state.lease, None
+        if lease is not None:
+            self.gate.release_lease(lease)
+        gate = self.gate
+        metrics = gate.metrics
+        if state.parsed is None:
+            return  # a local endpoint or a request refused before parsing
+        model, band = state.parsed.model, state.band_name
+        metrics.requests.inc(model, band, str(status))
+        route = state.route
+        if route is None:
+            return
+        gate.router.finished(route)
+        if state.meter is not None:
+            usage = state.meter.finish()
+        elif flow.response is not None and status < 400 and flow.response.content is not None:
+            usage = meter_json_body(flow.response.content)
+        else:
+            usage = None
+        record: dict[str, Any] = {
+            "request_id": state.request_id,
+            "gateway": gate.gateway_id,
+            "model": model,
+            "tenant": state.caller.tenant if state.caller else "",
+            "band": band,
+            "worker": route.worker.id,
+            "reason": route.decision.reason,
+            "candidates": {w: dict(parts) for w, parts in route.decision.scores.items()},
+            "prefix_blocks": len(route.view.prefix_hashes),
+            "hit_blocks": route.view.prefix_hits.get(route.worker.id, 0),
+            "queued_ms": round(state.queued_s * 1000, 3),
+            "status": status,
+            "error": error,
+            "latency_ms": round((time.monotonic() - state.received_at) * 1000, 3),
+        }
+        if usage is not None:
+            if usage.first_token_at is not None:
+                ttft = usage.first_token_at - state.received_at
+                record["ttft_ms"] = round(ttft * 1000, 3)
+                if state.meter is not None:
+                    metrics.ttft.observe(ttft, model)
+            record["output_tokens"] = usage.output_tokens
+            metrics.output_tokens.inc(model, by=usage.output_tokens)
+            if usage.prompt_tokens is not None:
+                record["prompt_tokens"] = usage.prompt_tokens
+                metrics.prompt_tokens.inc(model, by=usage.prompt_tokens)
+            if usage.cached_tokens is not None:
+                record["cached_tokens"] = usage.cached_tokens
+                metrics.cached_tokens.inc(model, by=usage.cached_tokens)
+        gate.decisions.record(record)

@@ -1,0 +1,319 @@
+"""Routing: pick the worker for an admitted request and point the flow at it.
+
+`Router` is the imperative shell around the pure policy (policy/): per model it keeps a
+`RoutingState` (prefix index mirror, sticky table, prefix rates) and this gateway's own load
+accounting (requests in flight and prompt tokens awaiting their first token, per worker). A
+decision reads only memory: the mirror's workers (plugin/mirror.py) and this state. After a
+decision the request's prefix blocks go to Redis in a batched background writer (approximate
+mode), so other gateways learn the placement without this request waiting for it.
+
+Policies: `kvgate` (policy/kvgate.py), `article` (policy/article.py), and the baselines
+`round_robin` and `least_loaded` (for the demo).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import random
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import redis.asyncio as aioredis
+from mitmproxy import http
+from redis.exceptions import RedisError
+
+from agent import index_store
+from agent.registry import WorkerRecord
+from plugin.config import RoutingSection
+from plugin.context import answered, fail_closed, state_of
+from plugin.errors import GatewayError
+from plugin.tasks import cancel_and_wait, spawn
+from policy.config import RoutingConfig
+from policy.index import PrefixIndex
+from policy.kvgate import build_policy
+from policy.prefix import canonical_text, text_block_hashes
+from policy.state import RoutingState
+from policy.types import Band, Decision, RequestView, WorkerView
+
+if TYPE_CHECKING:
+    from plugin.addon import KvGate
+
+logger = logging.getLogger(__name__)
+
+CHARS_PER_TOKEN = 4
+DEFAULT_CAPACITY_TOKENS = 1_000_000  # a worker that did not report its KV size
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    scheme: str
+    host: str
+    port: int
+
+
+@dataclass(slots=True)
+class Route:
+    """Where one request goes, and why."""
+
+    model: str
+    worker: WorkerRecord
+    upstream: Upstream
+    decision: Decision
+    view: RequestView
+    first_token_seen: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """A request's prefix, hashed once before admission (so a 400 for a bad shape comes first)."""
+
+    hashes: tuple[int, ...]
+    block_tokens: tuple[int, ...]
+    prompt_tokens: int
+
+
+def hash_prompt(body: dict[str, object], model: str, chunk_chars: int) -> Prompt:
+    """Canonicalize and hash; ValueError (-> 400) for shapes that are not OpenAI requests."""
+    text = canonical_text(body)
+    hashes, tokens = text_block_hashes(text, model=model, chunk_chars=chunk_chars)
+    return Prompt(hashes, tokens, max(1, len(text) // CHARS_PER_TOKEN))
+
+
+def parse_upstream(url: str, default_scheme: str = "http") -> Upstream:
+    parts = urlsplit(url if "://" in url else f"{default_scheme}://{url}")
+    scheme = parts.scheme or default_scheme
+    if not parts.hostname:
+        raise ValueError(f"worker URL without a host: {url!r}")
+    return Upstream(scheme, parts.hostname, parts.port or (443 if scheme == "https" else 80))
+
+
+class ModelRouting:
+    """One model's routing state and this gateway's load accounting for its workers."""
+
+    def __init__(self, config: RoutingConfig, chunk_chars: int) -> None:
+        self.blocks_per_token = CHARS_PER_TOKEN / chunk_chars
+        self.state = RoutingState(config, PrefixIndex(self._capacity_blocks(DEFAULT_CAPACITY_TOKENS)))
+        self.inflight: dict[str, int] = defaultdict(int)
+        self.pending_prefill: dict[str, int] = defaultdict(int)
+        self.capacity_set: dict[str, int] = {}
+
+    def _capacity_blocks(self, tokens: int) -> int:
+        return max(1, int(tokens * self.blocks_per_token))
+
+    def views(self, workers: Sequence[WorkerRecord]) -> list[WorkerView]:
+        out = []
+        for w in workers:
+            capacity = w.capacity_tokens or DEFAULT_CAPACITY_TOKENS
+            if self.capacity_set.get(w.id) != capacity:
+                self.state.index.set_capacity(w.id, self._capacity_blocks(capacity))
+                self.capacity_set[w.id] = capacity
+            out.append(
+                WorkerView(
+                    id=w.id,
+                    inflight=self.inflight[w.id],
+                    running=w.running,
+                    waiting=w.waiting,
+                    kv_usage=w.kv_usage,
+                    pending_prefill_tokens=self.pending_prefill[w.id],
+                    capacity_tokens=w.capacity_tokens,
+                    max_concurrency=w.max_concurrency,
+                    joined_s=w.joined_ms / 1000,
+                    healthy=w.live,
+                    draining=w.draining,
+                )
+            )
+        return out
+
+
+class Router:
+    """Picks workers for one gateway process; see the module docstring."""
+
+    def __init__(self, section: RoutingSection, redis: aioredis.Redis | None = None) -> None:
+        self.section = section
+        self.policy_config = policy_config = section.policy_config()
+        self.redis = redis
+        self.rng = random.Random(section.seed)
+        self.policy = build_policy(policy_config)
+        self.models: dict[str, ModelRouting] = {}
+        self._round_robin = itertools.count()
+        self._upstreams: dict[str, Upstream] = {}
+        self._pending_index: dict[tuple[str, str], tuple[int, list[int]]] = {}
+        self._writer: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def model(self, name: str) -> ModelRouting:
+        routing = self.models.get(name)
+        if routing is None:
+            routing = self.models[name] = ModelRouting(self.policy_config, self.section.chunk_chars)
+        return routing
+
+    # -- the decision (hot path: memory only) --------------------------------------------------------
+    def route(
+        self,
+        *,
+        request_id: str,
+        model: str,
+        prompt: Prompt,
+        max_tokens: int,
+        band: Band,
+        tenant: str,
+        workers: Sequence[WorkerRecord],
+    ) -> Route | None:
+        """The route for a request among routable `workers`, or None if the policy rejects them all."""
+        if not workers:
+            return None
+        now = time.monotonic()
+        routing = self.model(model)
+        views = routing.state.observe_workers(routing.views(workers), now)
+        view = routing.state.prepare(
+            request_id=request_id, prefix_hashes=prompt.hashes, block_tokens=prompt.block_tokens,
+            prompt_tokens=prompt.prompt_tokens, workers=views, now_s=now, model=model,
+            max_tokens=max_tokens, band=band, tenant=tenant,
+        )  # fmt: skip
+        decision = self._decide(view, views, now)
+        if decision.worker is None:
+            return None
+        routing.state.commit(view, decision, now)
+        worker = next(w for w in workers if w.id == decision.worker)
+        routing.inflight[worker.id] += 1
+        routing.pending_prefill[worker.id] += max(0, view.prompt_tokens - view.hit_tokens(worker.id))
+        if self.section.write_index and self.redis is not None and prompt.hashes:
+            self._queue_index_write(model, worker, prompt.hashes)
+        return Route(model, worker, self.upstream(worker.url), decision, view)
+
+    def best_hit_tokens(self, model: str, prompt: Prompt) -> int:
+        """Prompt tokens the best-placed worker is believed to hold (for admission seats)."""
+        hits = self.model(model).state.index.match(prompt.hashes)
+        return sum(prompt.block_tokens[: max(hits.values(), default=0)])
+
+    def _decide(self, view: RequestView, views: list[WorkerView], now: float) -> Decision:
+        policy = self.section.policy
+        if policy == "round_robin":
+            pick = views[next(self._round_robin) % len(views)]
+            return Decision(pick.id, "round robin")
+        if policy == "least_loaded":
+            pick = min(views, key=lambda w: (w.inflight + w.waiting, self.rng.random()))
+            return Decision(pick.id, "least loaded")
+        return self.policy.decide(view, views, self.rng, now)
+
+    def upstream(self, url: str) -> Upstream:
+        found = self._upstreams.get(url)
+        if found is None:
+            found = self._upstreams[url] = parse_upstream(url)
+        return found
+
+    # -- outcome accounting --------------------------------------------------------------------------
+    def first_token(self, route: Route) -> None:
+        if not route.first_token_seen:
+            route.first_token_seen = True
+            pending = self.model(route.model).pending_prefill
+            pending[route.worker.id] = max(
+                0,
+                pending[route.worker.id]
+                - max(0, route.view.prompt_tokens - route.view.hit_tokens(route.worker.id)),
+            )
+
+    def finished(self, route: Route) -> None:
+        self.first_token(route)
+        inflight = self.model(route.model).inflight
+        inflight[route.worker.id] = max(0, inflight[route.worker.id] - 1)
+
+    # -- index feed from the mirror ------------------------------------------------------------------
+    def apply_index_ops(self, model: str, ops: Sequence[index_store.IndexOp]) -> None:
+        index = self.model(model).state.index
+        now = time.monotonic()
+        for op in ops:
+            if op.op == "add":
+                index.insert(op.worker, op.hashes, now)
+            elif op.op == "remove":
+                index.remove(op.worker, op.hashes)
+            elif op.op == "clear":
+                index.clear(op.worker)
+
+    def reset_worker(self, model: str, worker: str) -> None:
+        self.model(model).state.forget_worker(worker)
+
+    # -- batched index writer ------------------------------------------------------------------------
+    def _queue_index_write(self, model: str, worker: WorkerRecord, hashes: Sequence[int]) -> None:
+        capacity = self.model(model)._capacity_blocks(worker.capacity_tokens or DEFAULT_CAPACITY_TOKENS)
+        key = (model, worker.id)
+        entry = self._pending_index.get(key)
+        if entry is None:
+            self._pending_index[key] = (capacity, list(hashes))
+        else:
+            entry[1].extend(hashes)
+        self._wake.set()
+
+    async def start(self) -> None:
+        if self.redis is not None and self.section.write_index:
+            self._writer = spawn(self._write_loop(), name="kvgate-index-writer")
+
+    async def close(self) -> None:
+        await cancel_and_wait(self._writer)
+
+    async def _write_loop(self) -> None:
+        assert self.redis is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(0.02)  # batch what arrives meanwhile
+            batch, self._pending_index = self._pending_index, {}
+            now_ms = int(time.time() * 1000)
+            for (model, worker), (capacity, hashes) in batch.items():
+                unique = list(dict.fromkeys(hashes))
+                try:
+                    await index_store.add_blocks(self.redis, model, worker, unique, now_ms, capacity)
+                except (RedisError, OSError) as e:
+                    logger.warning("index write for %s/%s failed: %s", model, worker, e)
+
+
+class Dispatch:
+    """Child addon: route the admitted request and point the flow at the chosen worker."""
+
+    def __init__(self, gate: KvGate) -> None:
+        self.gate = gate
+
+    @fail_closed
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if answered(flow):
+            return
+        state = state_of(flow)
+        if state is None or state.parsed is None or state.caller is None:
+            return
+        gate, parsed, caller = self.gate, state.parsed, state.caller
+        route = gate.router.route(
+            request_id=state.request_id, model=parsed.model, prompt=state.extra["prompt"],
+            max_tokens=parsed.max_tokens, band=caller.band, tenant=caller.tenant,
+            workers=gate.routable(parsed.model),
+        )  # fmt: skip
+        if route is None:
+            flow.response = GatewayError(
+                503, "no_healthy_worker", f"no healthy worker for {parsed.model!r}", retry_after_s=1
+            ).to_response()
+            return
+        state.route = route
+        request = flow.request
+        up = route.upstream
+        request.scheme, request.host, request.port = up.scheme, up.host, up.port  # also rewrites Host
+        request.headers["x-request-id"] = state.request_id
+        if parsed.stream and not parsed.include_usage and gate.config.streaming.collect_usage:
+            request.content = with_usage_requested(request.content or b"", parsed.body)
+            state.extra["usage_added"] = True
+        kind = "hit" if route.view.prefix_hits.get(route.worker.id, 0) else "miss"
+        gate.metrics.routed.inc(parsed.model, route.worker.id, kind)
+
+
+def with_usage_requested(raw: bytes, body: dict[str, object]) -> bytes:
+    """The body with `stream_options.include_usage = true` (cheap splice when the key is absent)."""
+    if "stream_options" not in body:
+        start = raw.find(b"{")
+        return raw[: start + 1] + b'"stream_options":{"include_usage":true},' + raw[start + 1 :]
+    options = dict(body["stream_options"]) if isinstance(body["stream_options"], dict) else {}
+    return json.dumps({**body, "stream_options": {**options, "include_usage": True}}).encode()

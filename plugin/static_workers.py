@@ -1,0 +1,118 @@
+"""Static workers: URLs given to the gateway itself (`kvgate proxy --worker URL`), with no agent beside them.
+
+The gateway registers each one in the shared registry (agent/registry.py) and keeps its lease alive
+only while the worker answers a health check (GET /health every `period_s`), so a dead static worker
+leaves the pool after its lease expires exactly like an agent-managed one. The model comes from the
+`--model` option or, when absent, the worker's own GET /v1/models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from urllib.parse import urlsplit
+
+import aiohttp
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from agent import registry
+from agent.registry import WorkerRecord
+from plugin.mirror import wall_ms
+from plugin.tasks import cancel_and_wait, spawn
+
+logger = logging.getLogger(__name__)
+
+
+def static_worker_id(url: str) -> str:
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    return "static-" + re.sub(r"[^A-Za-z0-9_.-]", "_", f"{parts.hostname}-{parts.port or 80}")
+
+
+class StaticWorkers:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        urls: list[str],
+        *,
+        model: str = "",
+        max_concurrency: int = 0,
+        period_s: float = 1.0,
+        lease_periods: int = 4,
+    ) -> None:
+        self.redis = redis
+        self.urls = [u if "://" in u else f"http://{u}" for u in urls]
+        self.model = model
+        self.max_concurrency = max_concurrency
+        self.period_s = period_s
+        self.lease_ms = int(period_s * lease_periods * 1000)
+        self.models: dict[str, tuple[str, ...]] = {}  # url -> models it serves (once known)
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0))
+        await self.tick()  # registered before the gateway takes traffic
+        self._task = spawn(self._loop(), name="kvgate-static-workers")
+
+    async def close(self) -> None:
+        await cancel_and_wait(self._task)
+        if self._session is not None:
+            await self._session.close()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.period_s)
+            await self.tick()
+
+    async def tick(self) -> None:
+        await asyncio.gather(*(self._check(url) for url in self.urls))
+
+    async def _check(self, url: str) -> None:
+        if not await self._healthy(url):
+            return  # no renewal: the lease runs out and routing stops
+        models = self.models.get(url) or await self._discover(url)
+        if not models:
+            return
+        self.models[url] = models
+        worker_id = static_worker_id(url)
+        now = wall_ms()
+        try:
+            for model in models:
+                renewed = await registry.heartbeat(
+                    self.redis, model, worker_id, running=0, waiting=0, kv_usage=0.0,
+                    lease_ms=self.lease_ms, now_ms=now,
+                )  # fmt: skip
+                if renewed is None:
+                    record = WorkerRecord(
+                        id=worker_id,
+                        model=model,
+                        url=url,
+                        models=models,
+                        max_concurrency=self.max_concurrency,
+                    )
+                    await registry.register(self.redis, record, self.lease_ms, now)
+                    logger.info("kvgate: registered static worker %s (%s) for %s", worker_id, url, model)
+        except (RedisError, OSError) as e:
+            logger.warning("static worker %s: registry update failed: %s", url, e)
+
+    async def _healthy(self, url: str) -> bool:
+        assert self._session is not None
+        try:
+            async with self._session.get(f"{url}/health") as resp:
+                return resp.status < 300
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
+
+    async def _discover(self, url: str) -> tuple[str, ...]:
+        if self.model:
+            return (self.model,)
+        assert self._session is not None
+        try:
+            async with self._session.get(f"{url}/v1/models") as resp:
+                payload = await resp.json(content_type=None)
+            return tuple(str(m["id"]) for m in payload.get("data", []) if isinstance(m, dict) and "id" in m)
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError, KeyError) as e:
+            logger.warning("static worker %s: cannot list its models (%s); pass --model", url, e)
+            return ()

@@ -1,0 +1,50 @@
+"""The registry/index mirror against a real Redis: workers appear, leases expire, index ops flow."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis.asyncio as aioredis
+
+from agent import index_store, registry
+from agent.registry import WorkerRecord
+from plugin.mirror import ClusterMirror, wall_ms
+
+
+async def until(check, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+async def test_mirror_follows_registry_and_index(redis: aioredis.Redis) -> None:
+    ops: list[tuple[str, index_store.IndexOp]] = []
+    resets: list[tuple[str, str]] = []
+    now = wall_ms()
+    await registry.register(redis, WorkerRecord(id="a", model="m", url="http://127.0.0.1:1"), 60_000, now)
+    await registry.register(redis, WorkerRecord(id="b", model="m", url="http://127.0.0.1:2", draining=True),
+                            60_000, now)  # fmt: skip
+    await index_store.add_blocks(redis, "m", "a", [1, 2, 3], now)
+    mirror = ClusterMirror(redis, refresh_ms=50, tail_block_ms=50,
+                           on_index_ops=lambda m, batch: ops.extend((m, op) for op in batch),
+                           on_worker_reset=lambda m, w: resets.append((m, w)))  # fmt: skip
+    await mirror.start()
+    try:
+        assert [w.id for w in mirror.workers("m")] == ["a", "b"]
+        assert [w.id for w in mirror.routable("m")] == ["a"]  # b drains
+        assert mirror.served_models() == ["m"]
+        await until(lambda: any(op.op == "add" and op.worker == "a" for _, op in ops))  # snapshot
+        await index_store.add_blocks(redis, "m", "a", [9], wall_ms())
+        await until(lambda: any(op.hashes == (9,) for _, op in ops))  # tailed from the log
+        await registry.register(redis, WorkerRecord(id="a", model="m", url="http://127.0.0.1:1"), 60_000,
+                                wall_ms())  # fmt: skip  # new epoch
+        await until(lambda: ("m", "a") in resets)
+        await registry.deregister(redis, "m", "b")
+        await until(lambda: ("m", "b") in resets)
+        assert mirror.routable("m", now_ms=wall_ms() + 120_000) == []  # leases expire
+    finally:
+        await mirror.close()

@@ -1,0 +1,153 @@
+"""Routing in the gateway: upstream parsing, the in-memory decision, accounting, index feed and writer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import redis.asyncio as aioredis
+
+from agent import index_store
+from agent.registry import WorkerRecord
+from plugin.config import RoutingSection
+from plugin.routing import Router, hash_prompt, parse_upstream, with_usage_requested
+from policy.types import Band
+
+MODEL = "m"
+
+
+def worker(wid: str, port: int, **kw: object) -> WorkerRecord:
+    return WorkerRecord(id=wid, model=MODEL, url=f"http://127.0.0.1:{port}", lease_expiry_ms=2**62, **kw)  # type: ignore[arg-type]
+
+
+WORKERS = [worker("w0", 9000, max_concurrency=8), worker("w1", 9001, max_concurrency=8)]
+SYSTEM = "You are a helpful assistant. " * 40
+
+
+def prompt(user: str, system: str = SYSTEM):
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+    }
+    return hash_prompt(body, MODEL, 256)
+
+
+def route(router: Router, user: str, system: str = SYSTEM, workers=WORKERS):
+    return router.route(
+        request_id=user,
+        model=MODEL,
+        prompt=prompt(user, system),
+        max_tokens=16,
+        band=Band.NORMAL,
+        tenant="t",
+        workers=workers,
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://10.0.0.1:8000", ("http", "10.0.0.1", 8000)),
+        ("https://gpu.example", ("https", "gpu.example", 443)),
+        ("127.0.0.1:9", ("http", "127.0.0.1", 9)),
+        ("http://[::1]:81/v1", ("http", "::1", 81)),
+    ],
+)
+def test_parse_upstream(url: str, expected: tuple[str, str, int]) -> None:
+    up = parse_upstream(url)
+    assert (up.scheme, up.host, up.port) == expected
+
+
+def test_same_prefix_goes_to_the_same_worker_while_it_has_room() -> None:
+    router = Router(RoutingSection())
+    first = route(router, "question 0")
+    assert first is not None
+    for i in range(1, 4):
+        again = route(router, f"question {i}")
+        assert again is not None and again.worker.id == first.worker.id
+        router.finished(again)
+
+
+def test_a_full_worker_is_avoided() -> None:
+    router = Router(RoutingSection())
+    first = route(router, "q")
+    assert first is not None
+    busy = first.worker.id
+    loaded = [worker(w.id, 9000 + i, max_concurrency=2, running=2 if w.id == busy else 0, waiting=0)
+              for i, w in enumerate(WORKERS)]  # fmt: skip
+    routing = router.model(MODEL)
+    routing.inflight[busy] = 2
+    moved = route(router, "q2", workers=loaded)
+    assert moved is not None and moved.worker.id != busy
+
+
+def test_accounting_returns_to_zero() -> None:
+    router = Router(RoutingSection())
+    routes = [route(router, f"x{i}", system=f"tenant {i} " * 100) for i in range(6)]
+    routing = router.model(MODEL)
+    assert sum(routing.inflight.values()) == 6
+    assert sum(routing.pending_prefill.values()) > 0
+    for r in routes:
+        assert r is not None
+        router.first_token(r)
+        router.first_token(r)  # idempotent
+    assert sum(routing.pending_prefill.values()) == 0
+    for r in routes:
+        router.finished(r)  # type: ignore[arg-type]
+    assert sum(routing.inflight.values()) == 0
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "least_loaded", "article", "kvgate"])
+def test_every_policy_picks_a_given_worker(policy: str) -> None:
+    router = Router(RoutingSection(policy=policy))
+    picks = {r.worker.id for r in (route(router, f"u{i}", system=f"s{i} " * 80) for i in range(8)) if r}
+    assert picks <= {"w0", "w1"} and picks
+    if policy == "round_robin":
+        assert picks == {"w0", "w1"}
+
+
+def test_no_workers_no_route() -> None:
+    assert route(Router(RoutingSection()), "q", workers=[]) is None
+
+
+def test_index_ops_from_other_gateways_steer_routing() -> None:
+    router = Router(RoutingSection())
+    p = prompt("hello")
+    router.apply_index_ops(MODEL, [index_store.IndexOp("add", "w1", p.hashes)])
+    assert router.best_hit_tokens(MODEL, p) == sum(p.block_tokens)
+    chosen = route(router, "hello")
+    assert chosen is not None and chosen.worker.id == "w1"
+    router.apply_index_ops(MODEL, [index_store.IndexOp("clear", "w1")])
+    assert router.best_hit_tokens(MODEL, p) == 0
+
+
+def test_usage_request_splice() -> None:
+    raw = b' {"model": "m", "stream": true}'
+    spliced = json.loads(with_usage_requested(raw, json.loads(raw)))
+    assert spliced["stream_options"] == {"include_usage": True} and spliced["model"] == "m"
+    raw2 = b'{"model": "m", "stream_options": {"include_usage": false, "x": 1}}'
+    assert json.loads(with_usage_requested(raw2, json.loads(raw2)))["stream_options"] == {
+        "include_usage": True,
+        "x": 1,
+    }
+
+
+async def test_index_writer_publishes_routed_prefixes(redis: aioredis.Redis) -> None:
+    router = Router(RoutingSection(), redis)
+    await router.start()
+    try:
+        r = route(router, "publish me")
+        assert r is not None
+
+        async def written() -> bool:
+            snap = await index_store.load_snapshot(redis, MODEL)
+            return set(snap.get(r.worker.id, ())) >= set(r.view.prefix_hashes)
+
+        for _ in range(200):
+            if await written():
+                break
+            await asyncio.sleep(0.01)
+        assert await written()
+    finally:
+        await router.close()
