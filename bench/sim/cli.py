@@ -1,0 +1,140 @@
+"""`kvgate bench sim`: replay a trace or a scenario against every selected routing policy, side by side.
+
+  kvgate bench sim --trace ../shared/traces/mooncake_fast25/conversation_trace.jsonl --policies all
+  kvgate bench sim --scenario multi_tenant --workers 8 --load 0.8 --out out/sim --sweep
+Prints a table, writes OUT/results.json (schema: docs/SIMULATOR.md) and PNG plots; --sweep adds
+OUT/sweep.json and sweep_ttft_p99.png over several offered loads. Bad input exits 2 with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from bench.sim.profiles import ProfileError, list_profiles, load_profile
+from bench.sim.registry import UnknownPolicy, resolve_policies
+from bench.sim.report import format_sweep, format_table, plot_run, plot_sweep, sweep_document, write_json
+from bench.sim.runner import load_requests, prepare_workload, results_document, run_policies
+from bench.sim.scenarios import UnknownScenario, list_scenarios
+from bench.sim.traces import TraceError
+
+DEFAULT_SWEEP = (0.4, 0.6, 0.8, 0.9, 1.0)
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="kvgate bench sim", description=__doc__.split("\n")[0])
+    source = p.add_mutually_exclusive_group()
+    source.add_argument(
+        "--trace", help="Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids)"
+    )
+    source.add_argument("--scenario", help="generated workload; see --list-scenarios")
+    p.add_argument("--list-scenarios", action="store_true", help="list scenario names and exit")
+    p.add_argument("--workers", type=int, default=8, help="simulated GPU workers (default 8)")
+    p.add_argument("--load", type=float, default=0.8, help="offered load, fraction of cluster capacity (0.8)")
+    p.add_argument("--policies", default="all", help="comma-separated policy names, or all (default)")
+    p.add_argument("--profile", default="h100-llama3.1-8b", help="engine profile (default h100-llama3.1-8b)")
+    p.add_argument("--seed", type=int, default=1, help="seed for scenarios and randomised policies (1)")
+    p.add_argument("--out", default="out/sim", help="output directory (default out/sim)")
+    p.add_argument("--sweep", action="store_true", help="also run offered loads 0.4..1.0: TTFT p99 vs load")
+    p.add_argument("--sweep-loads", help="comma-separated loads for --sweep (default 0.4,0.6,0.8,0.9,1.0)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (cpu count)")
+    p.add_argument("--limit", type=int, help="replay only the first N requests")
+    p.add_argument("--scrape-period", type=float, default=0.05, help="metrics scrape period in s (0.05)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except UsageError as e:
+        print(f"kvgate bench sim: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list_scenarios:
+        for name, help_text in list_scenarios():
+            print(f"{name:<16} {help_text}")
+        return 0
+    if args.trace is None and args.scenario is None:
+        raise UsageError("give --trace PATH or --scenario NAME (see --list-scenarios)")
+    if args.load <= 0:
+        raise UsageError(f"--load must be > 0, got {args.load}")
+    if args.workers <= 0:
+        raise UsageError(f"--workers must be > 0, got {args.workers}")
+    if args.limit is not None and args.limit < 2:
+        raise UsageError(f"--limit must be >= 2, got {args.limit}")
+    if args.jobs <= 0:
+        raise UsageError(f"--jobs must be > 0, got {args.jobs}")
+    if args.scrape_period <= 0:
+        raise UsageError(f"--scrape-period must be > 0, got {args.scrape_period}")
+    loads = _sweep_loads(args.sweep_loads) if args.sweep else []
+    try:
+        profile = load_profile(args.profile)
+        policies = resolve_policies(args.policies)
+        name, requests = load_requests(args.trace, args.scenario, args.seed, args.limit)
+    except ProfileError as e:
+        raise UsageError(f"{e} (profiles: {', '.join(list_profiles())})") from None
+    except (UnknownPolicy, UnknownScenario, TraceError) as e:
+        raise UsageError(str(e)) from None
+    if not policies:
+        raise UsageError("no policy is available")
+    out = Path(args.out)
+    try:
+        workload = prepare_workload(name, requests, profile, args.workers, args.load)
+        sweep_workloads = [prepare_workload(name, requests, profile, args.workers, x) for x in loads]
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+    tasks = [(p, workload) for p in policies] + [(p, w) for w in sweep_workloads for p in policies]
+    runs = run_policies(tasks, args.profile, args.workers, args.seed, args.jobs, args.scrape_period)
+    main_runs = runs[: len(policies)]
+    document = results_document(workload, main_runs, args.profile, args.workers, args.seed)
+    write_json(out / "results.json", document)
+    print(format_table(document))
+    if not args.no_plots:
+        plot_run(out, document, main_runs)
+    if loads:
+        documents = []
+        for i, w in enumerate(sweep_workloads):
+            chunk = runs[len(policies) * (i + 1) : len(policies) * (i + 2)]
+            doc = results_document(w, chunk, args.profile, args.workers, args.seed)
+            write_json(out / f"load-{w.plan.load:g}" / "results.json", doc)
+            documents.append(doc)
+        sweep = sweep_document(name, args.workers, loads, documents)
+        write_json(out / "sweep.json", sweep)
+        print()
+        print(format_sweep(sweep))
+        if not args.no_plots:
+            plot_sweep(out, sweep)
+    print(f"\nwrote {out / 'results.json'}", file=sys.stderr)
+    return 1 if any(r.error for r in runs) else 0
+
+
+def _sweep_loads(text: str | None) -> list[float]:
+    if text is None:
+        return list(DEFAULT_SWEEP)
+    try:
+        loads = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--sweep-loads must be comma-separated numbers, got {text!r}") from None
+    if not loads or any(x <= 0 for x in loads):
+        raise UsageError(f"--sweep-loads must be > 0, got {text!r}")
+    return loads
+
+
+if __name__ == "__main__":
+    sys.exit(main())

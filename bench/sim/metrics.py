@@ -1,0 +1,166 @@
+"""Per-policy metrics of one simulated run (the `metrics` object of results.json).
+
+Definitions (times in seconds from the request's arrival; rates as fractions):
+  hit_rate        token-weighted prefix hit rate: sum(cached_tokens) / sum(input_tokens) over requests
+                  that got a first token; cached_tokens are reported by the engine when it schedules them.
+  ttft_*          first_token - arrival (includes any admission wait); p50/p90/p99.
+  e2e_*           finish - arrival; p50/p99.
+  queue_*         queueing delay = time to first token not explained by computing the prefill:
+                  max(0, ttft - prefill_time_s(uncached tokens, ctx = cached tokens)), i.e. admission wait
+                  + wait in the engine's queue + slow-down from sharing steps with other requests.
+  throughput_rps  finished requests / duration; throughput_tok_s: their output tokens / duration;
+                  duration = first arrival (0) to last finish.
+  per_worker_util engine busy time / duration; util_cv = population std / mean of those.
+  switch_rate     hot-prefix switches / counted pairs (see `switch_rate`).
+Percentiles interpolate linearly between order statistics (numpy's default "linear").
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bench.sim.cluster import RequestRecord, SimResult
+from bench.sim.profiles import EngineProfile, prefill_time_s
+from bench.sim.types import SimRequest
+
+SWITCH_MIN_COVERAGE = 0.5  # a shared prefix counts as "hot" for switch_rate if it covers >= 50% of the input
+
+METRIC_NAMES = (
+    "hit_rate",
+    "ttft_p50",
+    "ttft_p90",
+    "ttft_p99",
+    "e2e_p50",
+    "e2e_p99",
+    "queue_p50",
+    "queue_p99",
+    "throughput_rps",
+    "throughput_tok_s",
+    "util_cv",
+    "switch_rate",
+)
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile q in [0, 100] of ascending values; NaN when empty."""
+    if not sorted_values:
+        return math.nan
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def switch_stats(requests: Sequence[SimRequest], workers: Sequence[str | None]) -> tuple[int, int]:
+    """(switches, counted pairs) of the hot-prefix switch rate.
+
+    For each request in arrival order, its key is the deepest of its block ids that appeared in an
+    earlier request (its longest previously seen prefix). The request counts only if that prefix covers
+    >= 50 % of its input tokens and some earlier routed request contained the key block; it is then
+    paired with the most recent such request, and the pair is a switch if the two went to different
+    workers. Rejected requests (worker None) neither count nor update the history.
+    """
+    last_worker: dict[int, str] = {}  # block id -> worker of the latest routed request containing it
+    seen: set[int] = set()
+    switches = pairs = 0
+    for req, worker in zip(requests, workers, strict=True):
+        depth = -1
+        for i, block_id in enumerate(req.block_ids):
+            if block_id in seen:
+                depth = i
+        if depth >= 0 and worker is not None:
+            covered = sum(req.block_tokens[: depth + 1])
+            previous = last_worker.get(req.block_ids[depth])
+            if previous is not None and covered >= SWITCH_MIN_COVERAGE * req.input_tokens:
+                pairs += 1
+                switches += previous != worker
+        seen.update(req.block_ids)
+        if worker is not None:
+            for block_id in req.block_ids:
+                last_worker[block_id] = worker
+    return switches, pairs
+
+
+def switch_rate(requests: Sequence[SimRequest], workers: Sequence[str | None]) -> float:
+    switches, pairs = switch_stats(requests, workers)
+    return switches / pairs if pairs else 0.0
+
+
+def coefficient_of_variation(values: Sequence[float]) -> float:
+    mean = statistics.fmean(values) if values else 0.0
+    return statistics.pstdev(values) / mean if mean > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSeries:
+    """Requests in flight per worker, sampled every `period_s` from 0 (for the load-over-time plot)."""
+
+    period_s: float
+    inflight: dict[str, list[int]]
+
+
+def load_series(
+    records: Sequence[RequestRecord], worker_ids: Sequence[str], samples: int = 300
+) -> LoadSeries:
+    """In-flight count per worker at `samples` evenly spaced instants over the run (from the records)."""
+    finishes = [r.finish_s for r in records if r.finish_s is not None]
+    end = max(finishes, default=0.0)
+    period = end / samples if end > 0 else 1.0
+    starts: dict[str, list[float]] = {w: [] for w in worker_ids}
+    ends: dict[str, list[float]] = {w: [] for w in worker_ids}
+    for r in records:
+        if r.worker is not None and r.dispatch_s is not None:
+            starts[r.worker].append(r.dispatch_s)
+            ends[r.worker].append(r.finish_s if r.finish_s is not None else math.inf)
+    series = {}
+    for w in worker_ids:
+        s, e = sorted(starts[w]), sorted(ends[w])
+        series[w] = [
+            bisect.bisect_right(s, k * period) - bisect.bisect_right(e, k * period) for k in range(samples)
+        ]
+    return LoadSeries(period, series)
+
+
+def compute_metrics(
+    result: SimResult, requests: Sequence[SimRequest], profile: EngineProfile
+) -> dict[str, float | dict[str, float] | int]:
+    """The results.json `metrics` object of one run (METRIC_NAMES plus a few extra keys)."""
+    records = result.records
+    started = [r for r in records if r.first_token_s is not None]
+    done = [r for r in records if r.finish_s is not None]
+    input_tokens = sum(r.input_tokens for r in started)
+    ttft = sorted(r.first_token_s - r.arrival_s for r in started)  # type: ignore[operator]
+    e2e = sorted(r.finish_s - r.arrival_s for r in done)  # type: ignore[operator]
+    queue = sorted(_queue_delay(r, profile) for r in started)
+    duration = result.duration_s
+    util = {w: (result.busy_s[w] / duration if duration > 0 else 0.0) for w in result.worker_ids}
+    return {
+        "hit_rate": sum(r.cached_tokens for r in started) / input_tokens if input_tokens else 0.0,
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p90": percentile(ttft, 90),
+        "ttft_p99": percentile(ttft, 99),
+        "e2e_p50": percentile(e2e, 50),
+        "e2e_p99": percentile(e2e, 99),
+        "queue_p50": percentile(queue, 50),
+        "queue_p99": percentile(queue, 99),
+        "throughput_rps": len(done) / duration if duration > 0 else 0.0,
+        "throughput_tok_s": sum(r.output_tokens for r in done) / duration if duration > 0 else 0.0,
+        "util_cv": coefficient_of_variation(list(util.values())),
+        "switch_rate": switch_rate(requests, [r.worker for r in records]),
+        "ttft_mean": statistics.fmean(ttft) if ttft else math.nan,
+        "per_worker_util": util,
+        "requests": len(records),
+        "finished": len(done),
+        "rejected": sum(r.rejected for r in records),
+        "duration_s": duration,
+    }
+
+
+def _queue_delay(record: RequestRecord, profile: EngineProfile) -> float:
+    ttft = record.first_token_s - record.arrival_s  # type: ignore[operator]
+    new_tokens = max(1, record.input_tokens - record.cached_tokens)
+    return max(0.0, ttft - prefill_time_s(profile, new_tokens, record.cached_tokens))

@@ -1,0 +1,205 @@
+"""Runs a workload through every selected policy, one process per policy, and assembles results.json.
+
+`prepare_workload` loads a trace or builds a scenario, computes the trace-only bounds and rescales the
+arrivals to the offered load, once, so every policy replays the identical request sequence. `run_policy`
+is the unit of work sent to a worker process (ProcessPoolExecutor); it returns plain data (metrics,
+TTFT samples, load series), never engines or routers.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+
+from bench.sim.bounds import (
+    infinite_cache_hit_rate,
+    pooled_capacity_blocks,
+    pooled_lru_hit_rate,
+    reusable_working_set_tokens,
+)
+from bench.sim.cluster import simulate
+from bench.sim.load import LoadPlan, scale_to_load
+from bench.sim.metrics import compute_metrics, load_series
+from bench.sim.profiles import EngineProfile, load_profile
+from bench.sim.registry import make_router
+from bench.sim.scenarios import build_scenario
+from bench.sim.traces import TRACE_BLOCK_TOKENS, load_trace
+from bench.sim.types import SimRequest
+
+CDF_POINTS = 1000  # TTFT samples kept per policy for the CDF plot
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    name: str  # trace path, or "scenario:<name>"
+    requests: list[SimRequest]  # sorted by arrival, already scaled to `plan.load`
+    plan: LoadPlan
+    infinite_hit_rate: float
+    pooled_lru_hit_rate: float
+    cache_pressure: float  # reusable working set / one worker's KV capacity
+
+
+@dataclass(slots=True)
+class PolicyRun:
+    policy: str
+    metrics: dict[str, object]
+    ttft_samples: list[float] = field(default_factory=list)  # evenly spaced quantiles, for the CDF
+    load_period_s: float = 1.0
+    load_inflight: dict[str, list[int]] = field(default_factory=dict)
+    wall_s: float = 0.0
+    error: str | None = None
+
+
+def load_requests(
+    trace: str | None, scenario: str | None, seed: int, limit: int | None
+) -> tuple[str, list[SimRequest]]:
+    if trace is not None:
+        return trace, load_trace(trace, limit)
+    if scenario is None:
+        raise ValueError("give --trace PATH or --scenario NAME")
+    return f"scenario:{scenario}", build_scenario(scenario, seed, limit)
+
+
+def prepare_workload(
+    name: str, requests: Sequence[SimRequest], profile: EngineProfile, workers: int, load: float
+) -> Workload:
+    scaled, plan = scale_to_load(profile, requests, workers, load)
+    capacity_blocks = pooled_capacity_blocks(workers, profile.capacity_tokens, TRACE_BLOCK_TOKENS)
+    return Workload(
+        name=name,
+        requests=scaled,
+        plan=plan,
+        infinite_hit_rate=infinite_cache_hit_rate(scaled),
+        pooled_lru_hit_rate=pooled_lru_hit_rate(scaled, capacity_blocks),
+        cache_pressure=reusable_working_set_tokens(scaled) / profile.capacity_tokens,
+    )
+
+
+def run_policy(
+    policy: str,
+    requests: Sequence[SimRequest],
+    profile_name: str,
+    workers: int,
+    seed: int,
+    scrape_period_s: float = 0.05,
+    progress: Callable[[int, int], None] | None = None,
+) -> PolicyRun:
+    """Simulate one policy (in whatever process calls it) and reduce the run to plain data."""
+    started = time.perf_counter()
+    profile = load_profile(profile_name)
+    router = make_router(policy, seed)
+    result = simulate(requests, router, profile, workers, scrape_period_s=scrape_period_s, progress=progress)
+    metrics = compute_metrics(result, requests, profile)
+    series = load_series(result.records, result.worker_ids)
+    ttft = sorted(r.first_token_s - r.arrival_s for r in result.records if r.first_token_s is not None)
+    samples = (
+        [ttft[min(len(ttft) - 1, (i * len(ttft)) // CDF_POINTS)] for i in range(CDF_POINTS)] if ttft else []
+    )
+    return PolicyRun(
+        policy=policy,
+        metrics=metrics,
+        ttft_samples=samples,
+        load_period_s=series.period_s,
+        load_inflight=series.inflight,
+        wall_s=time.perf_counter() - started,
+    )
+
+
+def _safe_run(*args: object) -> PolicyRun:
+    try:
+        return run_policy(*args)  # type: ignore[arg-type]
+    except Exception as e:  # a broken peer must not sink the other policies' results
+        return PolicyRun(policy=str(args[0]), metrics={}, error=f"{type(e).__name__}: {e}")
+
+
+def run_policies(
+    tasks: Sequence[tuple[str, Workload]],
+    profile_name: str,
+    workers: int,
+    seed: int,
+    jobs: int,
+    scrape_period_s: float = 0.05,
+    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> list[PolicyRun]:
+    """Run (policy, workload) tasks, `jobs` processes at a time; results in task order."""
+    total = len(tasks)
+    results: list[PolicyRun | None] = [None] * total
+    log(f"simulating {total} run(s) on {workers} workers, {min(jobs, total)} process(es)")
+    if jobs <= 1 or total == 1:
+        for i, (policy, workload) in enumerate(tasks):
+            results[i] = _safe_run(
+                policy,
+                workload.requests,
+                profile_name,
+                workers,
+                seed,
+                scrape_period_s,
+                _progress(policy, log),
+            )
+            _report_done(i + 1, total, results[i], log)  # type: ignore[arg-type]
+        return [r for r in results if r is not None]
+    with ProcessPoolExecutor(max_workers=min(jobs, total)) as pool:
+        futures: dict[Future[PolicyRun], int] = {
+            pool.submit(_safe_run, policy, workload.requests, profile_name, workers, seed, scrape_period_s): i
+            for i, (policy, workload) in enumerate(tasks)
+        }
+        for done, future in enumerate(as_completed(futures), start=1):
+            run = future.result()
+            results[futures[future]] = run
+            _report_done(done, total, run, log)
+    return [r for r in results if r is not None]
+
+
+def _progress(policy: str, log: Callable[[str], None], every_s: float = 5.0) -> Callable[[int, int], None]:
+    """Log a run's progress at most every `every_s` seconds of wall time (quiet for short runs)."""
+    last = [time.monotonic()]
+
+    def show(arrived: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= every_s:
+            last[0] = now
+            log(f"  {policy}: {arrived}/{total} arrivals ({arrived / total:.0%})")
+
+    return show
+
+
+def _report_done(done: int, total: int, run: PolicyRun, log: Callable[[str], None]) -> None:
+    if run.error:
+        log(f"[{done}/{total}] {run.policy} FAILED: {run.error}")
+        return
+    p99 = run.metrics.get("ttft_p99", math.nan)
+    log(f"[{done}/{total}] {run.policy} done in {run.wall_s:.1f} s (ttft p99 {p99:.3f} s)")
+
+
+def results_document(
+    workload: Workload, runs: Sequence[PolicyRun], profile_name: str, workers: int, seed: int
+) -> dict[str, object]:
+    """The results.json object (schema in docs/SIMULATOR.md; the issue-2 keys never change)."""
+    return {
+        "trace": workload.name,
+        "workers": workers,
+        "load": workload.plan.load,
+        "bounds": {
+            "infinite_hit_rate": workload.infinite_hit_rate,
+            "pooled_lru_hit_rate": workload.pooled_lru_hit_rate,
+        },
+        "runs": [
+            {"policy": r.policy, "metrics": _finite(r.metrics), "wall_s": r.wall_s}
+            | ({"error": r.error} if r.error else {})
+            for r in runs
+        ],
+        "profile": profile_name,
+        "seed": seed,
+        "requests": len(workload.requests),
+        "cache_pressure": workload.cache_pressure,
+        "load_plan": asdict(workload.plan),
+    }
+
+
+def _finite(metrics: dict[str, object]) -> dict[str, object]:
+    """NaN (no samples) becomes null so the file is strict JSON."""
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}

@@ -1,0 +1,144 @@
+"""The event loop on real engines: event order, R/M signals as routers see them, determinism."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pytest
+
+from bench.sim.baselines import LeastInflight, RoundRobin
+from bench.sim.cluster import (
+    PHASE_ARRIVAL,
+    PHASE_ENGINE,
+    PHASE_SCRAPE,
+    SimCluster,
+    event_key,
+    simulate,
+)
+from bench.sim.profiles import load_profile
+from bench.sim.scenarios import build_scenario
+from bench.sim.types import ClusterView, SimRequest
+
+PROFILE = load_profile("h100-llama3.1-8b")
+
+
+def req(i: int, at: float, ids: tuple[int, ...] = (), inp: int = 2048, out: int = 20) -> SimRequest:
+    ids = ids or (1000 + i,)
+    tokens = [512] * (len(ids) - 1)
+    tokens.append(inp - 512 * (len(ids) - 1))
+    return SimRequest(i, at, inp, out, ids, tuple(tokens))
+
+
+@pytest.mark.parametrize(
+    ("earlier", "later"),
+    [
+        pytest.param(event_key(1.0, PHASE_ARRIVAL, 0), event_key(2.0, PHASE_ENGINE, 0), id="time first"),
+        pytest.param(
+            event_key(1.0, PHASE_ENGINE, 9), event_key(1.0, PHASE_SCRAPE, 0), id="engine before scrape"
+        ),
+        pytest.param(
+            event_key(1.0, PHASE_SCRAPE, 9), event_key(1.0, PHASE_ARRIVAL, 0), id="scrape before arrival"
+        ),
+        pytest.param(
+            event_key(1.0, PHASE_ARRIVAL, 3), event_key(1.0, PHASE_ARRIVAL, 4), id="then creation order"
+        ),
+    ],
+)
+def test_event_key_order(earlier: tuple[float, int, int], later: tuple[float, int, int]) -> None:
+    assert earlier < later
+
+
+class Spy:
+    """Routes round-robin and records what it saw; checks the hooks against its own bookkeeping."""
+
+    name = "spy"
+
+    def __init__(self) -> None:
+        self.inner = RoundRobin()
+        self.seen: list[tuple[float, dict[str, int], dict[str, float], dict[str, int]]] = []
+        self.mine: dict[str, int] = {}
+        self.hook_times: list[float] = []
+
+    def route(self, r: SimRequest, cluster: ClusterView, now_s: float) -> str:
+        ids = cluster.worker_ids
+        self.seen.append(
+            (
+                now_s,
+                {w: cluster.inflight(w) for w in ids},
+                {w: cluster.scraped(w).at_s for w in ids},
+                {w: cluster.pending_prefill_tokens(w) for w in ids},
+            )
+        )
+        assert {w: cluster.inflight(w) for w in ids} == {w: self.mine.get(w, 0) for w in ids}
+        views = cluster.worker_views(now_s)
+        assert [v.id for v in views] == list(ids)
+        assert all(v.capacity_tokens == PROFILE.capacity_tokens for v in views)
+        worker = self.inner.route(r, cluster, now_s)
+        self.mine[worker] = self.mine.get(worker, 0) + 1
+        return worker
+
+    def on_first_token(self, r: SimRequest, worker_id: str, now_s: float) -> None:
+        self.hook_times.append(now_s)
+
+    def on_finish(self, r: SimRequest, worker_id: str, now_s: float) -> None:
+        self.mine[worker_id] -= 1
+        self.hook_times.append(now_s)
+
+
+def test_signals_seen_by_the_router() -> None:
+    reqs = [req(i, 0.013 * i) for i in range(60)]
+    spy = Spy()
+    result = simulate(reqs, spy, PROFILE, 3, scrape_period_s=0.05)
+    assert all(r.finish_s is not None for r in result.records)
+    for now, _, scraped_at, _ in spy.seen:
+        assert all(at == math.floor(now / 0.05) * 0.05 for at in scraped_at.values())
+    assert spy.hook_times == sorted(spy.hook_times)  # hooks in virtual-time order across workers
+    assert spy.seen[0][3] == {"w0": 0, "w1": 0, "w2": 0}
+    assert spy.seen[1][3]["w0"] == 2048  # w0's prompt is still prefilling 13 ms later
+    assert result.scrapes == len({math.floor(r.arrival_s / 0.05) for r in reqs})
+
+
+def test_finish_at_the_arrival_instant_is_seen_by_that_arrival() -> None:
+    alone = simulate([req(0, 0.0)], RoundRobin(), PROFILE, 1)
+    finish = alone.records[0].finish_s
+    assert finish is not None
+    spy = Spy()
+    simulate([req(0, 0.0), req(1, finish)], spy, PROFILE, 1)
+    assert spy.seen[1][1] == {"w0": 0}  # ENGINE phase runs before ARRIVAL at the same time
+
+
+def test_cache_hits_come_from_the_engine() -> None:
+    shared = (1, 2, 3, 4)
+    reqs = [req(0, 0.0, (*shared, 10), inp=2300), req(1, 5.0, (*shared, 11), inp=2300)]
+    result = simulate(reqs, RoundRobin(), PROFILE, 1)
+    assert [r.cached_tokens for r in result.records] == [0, 2048]
+    assert result.prefix_cache_hits["w0"] == 2048
+
+
+def test_cluster_view_reports_cached_prefix_blocks() -> None:
+    cluster = SimCluster(PROFILE, 2)
+    assert cluster.cached_prefix_blocks("w0", req(0, 0.0, (1, 2))) == 0
+    assert cluster.capacity_tokens("w1") == PROFILE.capacity_tokens
+    assert cluster.max_concurrency("w1") == PROFILE.max_num_seqs
+
+
+def test_unknown_worker_from_a_router_is_an_error() -> None:
+    class Bad(RoundRobin):
+        name = "bad"
+
+        def route(self, r: SimRequest, cluster: ClusterView, now_s: float) -> str:
+            return "nope"
+
+    with pytest.raises(ValueError, match="unknown worker 'nope'"):
+        simulate([req(0, 0.0)], Bad(), PROFILE, 1)
+
+
+def records_of(reqs: Sequence[SimRequest]) -> list[tuple[object, ...]]:
+    result = simulate(reqs, LeastInflight(), PROFILE, 4)
+    return [(r.worker, r.first_token_s, r.finish_s, r.cached_tokens) for r in result.records]
+
+
+def test_same_input_same_run() -> None:
+    reqs = build_scenario("multi_turn", seed=5, limit=150)
+    assert records_of(reqs) == records_of(reqs)
