@@ -78,6 +78,11 @@ class EmulatorConfig:
         if self.stream_interval_s <= 0:
             raise ValueError(f"stream_interval_s must be > 0, got {self.stream_interval_s}")
 
+    def effective_max_model_len(self, profile: EngineProfile) -> int:
+        """vLLM refuses to start when one max-length request cannot fit its KV pool; the emulator, whose
+        pool is often shrunk on purpose (`num_gpu_blocks`), lowers max_model_len to the pool instead."""
+        return min(self.max_model_len, profile.capacity_tokens)
+
     @property
     def models(self) -> tuple[str, ...]:
         return (self.model, *self.extra_model_names)
@@ -101,6 +106,7 @@ class Worker:
     publisher: KvEventPublisher | None
     held: Counter[str]  # external request ids of the completion requests in flight
     rng: random.Random
+    max_model_len: int  # the config's, capped to the KV pool
 
     def engine_blocks(self, tokens: list[int]) -> list[tuple[int, int]]:
         """(key, tokens) per engine block: full blocks by chained key; the trailing partial block gets a
@@ -157,7 +163,7 @@ def completion_handler(kind: Kind) -> Callable[[web.Request], Awaitable[web.Stre
         try:
             body = await read_json(request)
             job = parse_completion_request(
-                kind, body, config.models, config.default_max_tokens, config.max_model_len
+                kind, body, config.models, config.default_max_tokens, worker.max_model_len
             )
         except ApiError as e:
             return error_response(e)
@@ -252,10 +258,11 @@ async def stream_completion(
 
 
 async def list_models(request: web.Request) -> web.Response:
-    config = request.app[WORKER].config
+    worker = request.app[WORKER]
+    config = worker.config
     data = [
         {"id": name, "object": "model", "created": 0, "owned_by": "vllm", "root": config.model,
-         "parent": None, "max_model_len": config.max_model_len}
+         "parent": None, "max_model_len": worker.max_model_len}
         for name in config.models
     ]  # fmt: skip
     return web.json_response({"object": "list", "data": data})
@@ -271,7 +278,8 @@ async def version(request: web.Request) -> web.Response:
 
 async def tokenize_endpoint(request: web.Request) -> web.Response:
     """vLLM's /tokenize: {"prompt": str} or {"messages": [...]} -> {"count", "max_model_len", "tokens"}."""
-    config = request.app[WORKER].config
+    worker = request.app[WORKER]
+    config = worker.config
     try:
         body = await read_json(request)
         if not isinstance(body, dict):
@@ -291,7 +299,7 @@ async def tokenize_endpoint(request: web.Request) -> web.Response:
         return error_response(e)
     tokens = tokenize(text)
     return web.json_response(
-        {"count": len(tokens), "max_model_len": config.max_model_len, "tokens": tokens, "token_strs": None}
+        {"count": len(tokens), "max_model_len": worker.max_model_len, "tokens": tokens, "token_strs": None}
     )
 
 
@@ -351,7 +359,20 @@ async def engine_context(app: web.Application) -> AsyncIterator[None]:
         stream_interval_s=config.stream_interval_s,
         kv_sink=publish if publisher is not None else None,
     )
-    worker = Worker(config, profile, driver, RequestMetrics(), catalog, publisher, Counter(), random.Random())
+    max_model_len = config.effective_max_model_len(profile)
+    if max_model_len < config.max_model_len:
+        logger.info("max_model_len %d capped to the KV pool: %d tokens", config.max_model_len, max_model_len)
+    worker = Worker(
+        config,
+        profile,
+        driver,
+        RequestMetrics(),
+        catalog,
+        publisher,
+        Counter(),
+        random.Random(),
+        max_model_len,
+    )
     app[WORKER] = worker
     task = spawn(driver.run(), name=f"emulator-driver-{config.worker_id}")
     try:
@@ -381,7 +402,10 @@ def create_app(config: EmulatorConfig) -> web.Application:
 async def start_emulator(config: EmulatorConfig) -> tuple[web.AppRunner, int]:
     """Serve `config` on config.host:config.port (0 = a free port); returns the runner and the bound port.
     Stop it with `await runner.cleanup()`."""
-    runner = web.AppRunner(create_app(config), handler_cancellation=True, access_log=None)
+    # handler cancellation: a client that goes away aborts its request; a short shutdown grace for streams
+    runner = web.AppRunner(
+        create_app(config), handler_cancellation=True, access_log=None, shutdown_timeout=3.0
+    )
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     try:
