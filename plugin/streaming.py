@@ -1,7 +1,8 @@
 """Metering a response as it streams through: TTFT, output tokens, cached tokens.
 
 `SseMeter` is set as `flow.response.stream`: mitmproxy calls it with each chunk as read from the
-worker (TCP reads, so events can be split anywhere) and finally with b"". It forwards complete
+worker (TCP reads, so events can be split anywhere) and finally with b"", and forwards the chunks
+it returns (a list; empty when there is nothing to send yet). It forwards complete
 lines at once and holds only an unfinished line, so nothing is buffered beyond one event line. It
 reads the worker's usage chunk (`stream_options.include_usage`, which the gateway may add) for
 output and cached tokens, and drops that chunk when the client did not ask for it.
@@ -44,14 +45,16 @@ class SseMeter:
         self._usage_seen = False
         self._skip_blank = False
 
-    def __call__(self, chunk: bytes) -> bytes:
+    def __call__(self, chunk: bytes) -> bytes | list[bytes]:
+        # Never return b"" mid-stream: mitmproxy would forward it as an empty HTTP/1 chunk, which
+        # is the chunked-encoding terminator and ends the client's response. [] sends nothing.
         if not chunk:  # end of stream: flush whatever is left
             rest, self._partial = self._partial, b""
-            return self._filter(rest) if rest else b""
+            return _nonempty(self._filter(rest)) if rest else []
         data = self._partial + chunk if self._partial else chunk
         cut = data.rfind(b"\n") + 1
         self._partial = data[cut:]
-        return self._filter(data[:cut]) if cut else b""
+        return _nonempty(self._filter(data[:cut])) if cut else []
 
     def _filter(self, block: bytes) -> bytes:
         if b"data:" not in block and not self._skip_blank:
@@ -99,6 +102,10 @@ class SseMeter:
         if not self._usage_seen:
             self.usage.output_tokens = max(0, self.usage.events - 1)  # first event carries the role
         return self.usage
+
+
+def _nonempty(data: bytes) -> bytes | list[bytes]:
+    return data if data else []
 
 
 def read_usage(into: Usage, usage: dict[str, object]) -> None:

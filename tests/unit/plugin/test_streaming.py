@@ -31,14 +31,21 @@ class FakeClock:
         return self.now
 
 
+def joined(result: bytes | list[bytes]) -> bytes:
+    assert result != b"", "an empty chunk would end the client's chunked response"
+    return result if isinstance(result, bytes) else b"".join(result)
+
+
 def run(meter: SseMeter, stream: bytes, cuts: list[int]) -> bytes:
     out = []
     last = 0
     for cut in sorted(set(cuts)):
-        out.append(meter(stream[last:cut]) if cut > last else b"")
+        if cut > last:
+            out.append(joined(meter(stream[last:cut])))
         last = cut
-    out.append(meter(stream[last:]))
-    out.append(meter(b""))
+    if last < len(stream):
+        out.append(joined(meter(stream[last:])))
+    out.append(joined(meter(b"")))
     return b"".join(out)
 
 
@@ -63,7 +70,7 @@ def test_first_token_time_is_the_first_data_event() -> None:
     meter = SseMeter(strip_usage=False, clock=clock)
     assert meter(b": keep-alive comment\n\n") == b": keep-alive comment\n\n"
     assert meter.usage.first_token_at is None
-    assert meter(b'data: {"choi') == b""  # an unfinished line is held back
+    assert meter(b'data: {"choi') == []  # an unfinished line is held back; nothing is sent
     assert meter(b'ces": []}\n\n') == b'data: {"choices": []}\n\n'
     assert meter.usage.first_token_at == 1.0
 
