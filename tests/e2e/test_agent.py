@@ -172,7 +172,7 @@ async def test_registers_renews_reports_load_and_expires_when_worker_stops(
     state = FakeVllm(running=3, waiting=1, inflight=["r1", "r2"])
     port, agent_port = free_port(), free_port()
     async with serve(stand_in_app(state), port):
-        processes(*agent_args(redis_url, port, "--port", str(agent_port), "--max-concurrency", "8"))
+        agent = processes(*agent_args(redis_url, port, "--port", str(agent_port), "--max-concurrency", "8"))
 
         async def registered() -> bool:
             return (w := await worker(redis)) is not None and w.running == 3
@@ -220,6 +220,10 @@ async def test_registers_renews_reports_load_and_expires_when_worker_stops(
             return w is not None and w.live and w.epoch > stale.epoch
 
         await eventually(back, "re-registration with a new epoch")
+        # a stopped agent takes its worker out of the pool at once
+        agent.send_signal(signal.SIGTERM)
+        assert await wait_process(agent) == 0
+        assert await worker(redis) is None
 
 
 async def test_drain_waits_for_in_flight_requests_then_agent_deregisters(
