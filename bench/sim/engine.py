@@ -203,6 +203,7 @@ class Engine:
         self._clock = 0.0  # when the engine is free to start its next step
         self._private_total = 0
         self._next_event_memo: tuple[float | None] | None = None
+        self._span: tuple[float, float, float, int] | None = None  # (clock, first ms, growth ms, steps)
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self.num_preemptions = 0
@@ -236,6 +237,7 @@ class Engine:
         if r.state == _RUNNING:
             self._release(r)
             self._running.remove(r)
+            self._span = None
         else:
             self._waiting.remove(r)
         r.state = _ENDED
@@ -351,6 +353,7 @@ class Engine:
 
     def _plan(self, start_s: float) -> _Step:
         """Choose the next step's work at its start: decodes, prefill chunks, admissions (vLLM V1 order)."""
+        self._span = None
         p = self.profile
         budget = p.max_num_batched_tokens
         decodes: list[_Req] = []
@@ -432,34 +435,47 @@ class Engine:
             ctx += r.prompt + r.generated
         if self._waiting and self._admission_hit(self._waiting[0], budget_used=batch) is not None:
             return 0
-        p = self.profile
-        first_ms = (
-            p.t0_ms
-            + max(p.t_w_ms + p.e_ms_per_seq * batch, p.b_ms_per_token * batch)
-            + p.f_ms_per_ctx_token * ctx
+        anchor = self._span
+        if anchor is None:  # a new span: later calls continue it from the same anchor, so that the clock
+            p = self.profile  # does not depend on where advance() calls cut the span (look-ahead agrees)
+            first_ms = (
+                p.t0_ms
+                + max(p.t_w_ms + p.e_ms_per_seq * batch, p.b_ms_per_token * batch)
+                + p.f_ms_per_ctx_token * ctx
+            )
+            anchor = (self._clock, first_ms, p.f_ms_per_ctx_token * batch, 0)  # Σctx grows by B per step
+        clock0, first_ms, growth_ms, done = anchor
+        k = int(steps)  # steps before the first one that finishes a request
+        if k > 0:
+            k = self._steps_without_shortage(k)
+        if k <= 0:
+            return 0
+        within = (
+            _steps_within(first_ms, growth_ms, (until_s - clock0) * 1000.0) - done
+            if until_s < math.inf
+            else k
         )
-        growth_ms = p.f_ms_per_ctx_token * batch  # Σctx grows by one token per sequence per step
-        if until_s < math.inf:
-            steps = min(steps, _steps_within(first_ms, growth_ms, (until_s - self._clock) * 1000.0))
-        k = int(steps)
-        if k <= 0:
-            return 0
-        k = self._steps_without_shortage(k)
-        if k <= 0:
-            return 0
+        straddles = within <= 0  # the next step ends after until_s: commit it as a pending step of this span
+        k = 1 if straddles else min(k, within)
         bs = self._bs
         grown = 0
         for r in running:
             g = r.generated
             need = -(-(g + k) // bs) + (g // -bs)  # ceil((g+k)/bs) - ceil(g/bs) new decode blocks
-            r.generated = g + k
             r.private += need
             grown += need
+            if not straddles:
+                r.generated = g + k
         self._private_total += grown
         self._cache.take(grown)
-        duration_s = (k * first_ms + growth_ms * k * (k - 1) / 2) / 1000.0
-        self._clock += duration_s
-        self.busy_s += duration_s
+        total = done + k
+        clock = clock0 + (total * first_ms + growth_ms * total * (total - 1) / 2) / 1000.0
+        self._span = (clock0, first_ms, growth_ms, total)
+        if straddles:
+            self._pending = _Step(clock, clock - self._clock, list(running), [])
+            return 1
+        self.busy_s += clock - self._clock
+        self._clock = clock
         self.num_steps += k
         return k
 

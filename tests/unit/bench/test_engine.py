@@ -234,14 +234,14 @@ def workloads(draw: st.DrawFn) -> tuple[EngineProfile, list[tuple[float, str, En
     profile = scaled(
         H100_8B,
         block_size=draw(st.sampled_from([4, 16])),
-        num_gpu_blocks=draw(st.integers(40, 400)),
+        num_gpu_blocks=draw(st.integers(12, 150)),
         max_num_batched_tokens=draw(st.integers(16, 512)),
         max_num_seqs=draw(st.integers(1, 12)),
     )
     ops: list[tuple[float, str, EngineRequest | int]] = []
     t = 0.0
-    for i in range(draw(st.integers(1, 14))):
-        t += draw(st.floats(0.0, 0.4))
+    for i in range(draw(st.integers(1, 16))):
+        t += draw(st.floats(0.0, 0.2))
         root = draw(st.integers(0, 2))  # few roots: shared prefixes
         depth = draw(st.integers(1, 5))
         branch = draw(st.integers(0, 3))
