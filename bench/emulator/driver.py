@@ -24,6 +24,10 @@ logger = logging.getLogger(__name__)
 KvSink = Callable[[list[EngineKvEvent]], Awaitable[None]]
 
 
+class EngineBroken(RuntimeError):
+    """The engine model raised; the emulated worker answers 500 from then on."""
+
+
 @dataclass(eq=False)
 class RequestState:
     """One request inside the engine, as its HTTP handler follows it."""
@@ -35,6 +39,7 @@ class RequestState:
     first_token_s: float | None = None  # virtual time of the first token
     cached_tokens: int = 0
     finished: bool = False
+    failed: bool = False  # the engine broke; the request ends with an error
     generated: int = 0  # tokens generated as of the driver's last look (or the handler's own)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -68,6 +73,7 @@ class EngineDriver:
         self._kicked = asyncio.Event()
         self._advanced_to = 0.0
         self._kv_events: list[EngineKvEvent] = []  # drained from the engine, not yet handed to the sink
+        self.broken: BaseException | None = None  # set when the engine raised; no request is accepted after
 
     # --- used by the HTTP handlers ---
 
@@ -77,6 +83,8 @@ class EngineDriver:
 
     def submit(self, external_id: str, blocks: Sequence[tuple[int, int]], output_tokens: int) -> RequestState:
         """Queue a request whose prompt is `blocks` ((key, tokens) each) in the engine."""
+        if self.broken is not None:
+            raise EngineBroken(f"the engine model failed: {self.broken!r}")
         now = self.virtual_now()
         self._advance(now)
         state = RequestState(next(self._ids), external_id, sum(t for _, t in blocks), output_tokens)
@@ -98,6 +106,8 @@ class EngineDriver:
 
     def refresh(self, state: RequestState) -> int:
         """Tokens generated so far (also stored in `state.generated`)."""
+        if state.failed:
+            return state.generated
         if state.finished:
             state.generated = state.output_tokens
         elif state.started:
@@ -124,6 +134,19 @@ class EngineDriver:
     # --- the background task ---
 
     async def run(self) -> None:
+        try:
+            await self._loop()
+        except Exception as e:
+            # a bug in the engine model must not leave every client hanging: fail them all, loudly
+            logger.exception("engine driver failed; failing %d requests", len(self._states))
+            self.broken = e
+            for state in self._states.values():
+                state.failed = state.finished = True
+                state.wake.set()
+            self._states.clear()
+            raise
+
+    async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             self._kicked.clear()

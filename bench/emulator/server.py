@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from bench.emulator.driver import EngineDriver, RequestState
+from bench.emulator.driver import EngineBroken, EngineDriver, RequestState
 from bench.emulator.kv_events import (
     BlockCatalog,
     EngineKvEvent,
@@ -40,6 +40,7 @@ from bench.emulator.openai_api import (
     full_response,
     new_response_id,
     parse_completion_request,
+    sse,
 )
 from bench.emulator.tokenizer import TemplateError, full_block_keys, render_chat, tokenize
 from bench.sim.engine import Engine
@@ -123,8 +124,8 @@ class Worker:
     def snapshot(self) -> EngineSnapshot:
         engine = self.driver.engine
         return EngineSnapshot(
-            running=_count(engine.running),
-            waiting=_count(engine.waiting),
+            running=engine.running,
+            waiting=engine.waiting,
             kv_usage=float(engine.kv_usage),
             prefix_cache_queries=int(engine.prefix_cache_queries),
             prefix_cache_hits=int(engine.prefix_cache_hits),
@@ -134,12 +135,11 @@ class Worker:
         )
 
 
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) else len(value)
-
-
 WORKER_CONFIG = web.AppKey("worker_config", EmulatorConfig)
 WORKER = web.AppKey("worker", Worker)
+
+
+ENGINE_FAILED = ApiError(500, "the emulated engine failed; see the worker's log")
 
 
 def error_response(error: ApiError) -> web.Response:
@@ -178,15 +178,21 @@ async def run_completion(
 ) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     started = loop.time()
+    try:
+        state = worker.driver.submit(external_id, worker.engine_blocks(job.prompt_tokens), job.max_tokens)
+    except EngineBroken as e:
+        return error_response(ApiError(500, str(e)))
     worker.metrics.request_started(len(job.prompt_tokens))
     worker.held[external_id] += 1
-    state = worker.driver.submit(external_id, worker.engine_blocks(job.prompt_tokens), job.max_tokens)
     try:
         if job.stream:
             return await stream_completion(request, worker, job, state, external_id, started)
-        await wait_until(state, lambda: state.started)
-        worker.metrics.ttft.observe(loop.time() - started)
+        await wait_until(state, lambda: state.started or state.failed)
+        if not state.failed:
+            worker.metrics.ttft.observe(loop.time() - started)
         await wait_until(state, lambda: state.finished)
+        if state.failed:
+            return error_response(ENGINE_FAILED)
         body = full_response(job, new_response_id(job.kind), job.max_tokens, state.cached_tokens)
         worker.metrics.e2e.observe(loop.time() - started)
         return web.json_response(body, headers={"X-Request-Id": external_id})
@@ -225,11 +231,15 @@ async def stream_completion(
     await response.prepare(request)
     writer = ChunkWriter(job, new_response_id(job.kind))
     try:
-        await wait_until(state, lambda: state.started)
-        worker.metrics.ttft.observe(loop.time() - started)
+        await wait_until(state, lambda: state.started or state.failed)
+        if not state.failed:
+            worker.metrics.ttft.observe(loop.time() - started)
         out = writer.role_chunk()
         sent = 0
         while True:
+            if state.failed:  # vLLM reports errors mid-stream as an error event, then [DONE]
+                await response.write(sse(ENGINE_FAILED.body()) + DONE)
+                return response
             if state.finished:
                 last = job.max_tokens - 1
                 out += writer.token_chunks(sent, last) + writer.final_chunk(last)

@@ -363,3 +363,17 @@ def test_cli_serves_until_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_a_shrunk_kv_pool_caps_max_model_len() -> None:
+    async with emulator(replace(CONFIG, num_gpu_blocks=100)) as (url, session):  # 1,600 tokens
+        async with session.get(f"{url}/v1/models") as resp:
+            assert (await resp.json())["data"][0]["max_model_len"] == 1600
+        async with session.post(
+            f"{url}/v1/completions", json={"prompt": "x" * 6000, "max_tokens": 200}
+        ) as resp:
+            assert resp.status == 400
+            assert "maximum context length is 1600" in (await resp.json())["error"]["message"]
+        samples = await metrics(session, url)
+        assert sample_value(samples, "vllm:cache_config_info") == 1
+        assert [s.labels["num_gpu_blocks"] for s in samples if s.name == "vllm:cache_config_info"] == ["100"]

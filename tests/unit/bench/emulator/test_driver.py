@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from bench.emulator.driver import EngineDriver, RequestState
+from bench.emulator.driver import EngineBroken, EngineDriver, RequestState
 from bench.emulator.kv_events import EngineKvEvent
 from bench.sim.engine import Engine
 from bench.sim.profiles import load_profile, scaled
@@ -94,3 +94,25 @@ async def test_clear_cache_always_reports_cleared(driver: EngineDriver) -> None:
     async with asyncio.timeout(5):
         while ("cleared", []) not in driver.kv_seen:  # type: ignore[attr-defined]
             await asyncio.sleep(0.005)
+
+
+class EngineThatBreaks(Engine):
+    """Fault injection: the engine model raises once a request has started decoding."""
+
+    def advance(self, until_s: float):  # type: ignore[override]
+        if self.running:
+            raise RuntimeError("engine bug")
+        return super().advance(until_s)
+
+
+async def test_an_engine_failure_fails_every_request_instead_of_hanging() -> None:
+    d = EngineDriver(EngineThatBreaks(PROFILE), SCALE, stream_interval_s=0.005)
+    task = spawn(d.run(), name="test-driver-breaks")
+    try:
+        state = d.submit("r", blocks(4000, 2), output_tokens=1000)
+        await until(state, lambda: state.failed)
+        assert state.finished
+        with pytest.raises(EngineBroken, match="engine bug"):
+            d.submit("next", blocks(5000, 1), output_tokens=1)
+    finally:
+        await cancel_and_wait(task)
