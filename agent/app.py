@@ -1,7 +1,7 @@
 """The node agent process: probes one worker, keeps its registry lease, publishes its cache summary.
 
-Every heartbeat period `WorkerAgent.step` probes the worker (GET /health, /metrics, and
-/kvgate/inflight when the worker offers it), asks `LeaseKeeper` (agent/lease.py) what to do, and does
+Every heartbeat period `WorkerAgent.step` probes the worker (agent/probe.py: GET /health, /metrics,
+and /kvgate/inflight when the worker offers it), asks `LeaseKeeper` (agent/lease.py) what to do, and does
 it against Redis (agent/registry.py, agent/index_store.py). In exact mode a `KvEventConsumer`
 (agent/kv_events.py) turns the worker's KV events into index entries. The agent serves its own
 GET /healthz and GET /metrics (Prometheus text). `create_app(config)` builds the aiohttp app; Redis,
@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
@@ -25,10 +23,11 @@ from aiohttp import web
 
 from agent import index_store, registry
 from agent.config import AgentConfig
-from agent.kv_events import KvEventConsumer
+from agent.kv_events import KvEventConsumer, KvEventStats
 from agent.lease import LeaseKeeper, Probe
+from agent.probe import WorkerProbe
 from agent.registry import WorkerRecord
-from agent.scrape import MetricsParseError, WorkerLoad, extract_load, parse_prometheus
+from agent.scrape import WorkerLoad
 from plugin.tasks import cancel_and_wait, spawn
 
 logger = logging.getLogger("kvgate.agent")
@@ -55,79 +54,25 @@ class WorkerAgent:
         self.keeper = LeaseKeeper(
             fail_periods=config.fail_periods, drain_quiet_periods=config.drain_quiet_periods
         )
+        self.prober = WorkerProbe(config, session)
         self.models: list[str] = [config.model] if config.model else []
         self.epochs: dict[str, int] = {}
         self.counts: Counter[str] = Counter()
-        self.inflight_supported = True
         self.consumer: KvEventConsumer | None = None
         self._consumer_task: asyncio.Task[None] | None = None
         self.done = asyncio.Event()  # set when the agent has finished (drained, or stopped)
         self.exit_code = 0
 
-    # --- probing the worker ---
-
-    async def _get(self, path: str) -> tuple[int, str]:
-        timeout = aiohttp.ClientTimeout(total=self.config.http_timeout_s)
-        async with self.session.get(self.config.base_url + path, timeout=timeout) as resp:
-            return resp.status, await resp.text()
+    # --- one heartbeat period ---
 
     async def probe(self) -> Probe:
-        try:
-            status, _ = await self._get("/health")
-        except aiohttp.ClientConnectorError:
-            self.counts["probe_errors"] += 1
-            return Probe(healthy=False, load=None, down=True)
-        except (aiohttp.ClientError, TimeoutError):
-            self.counts["probe_errors"] += 1
-            return Probe(healthy=False, load=None)
-        if status >= 300:
-            self.counts["probe_errors"] += 1
-            return Probe(healthy=False, load=None)
-        load = await self._scrape()
-        inflight = await self._inflight() if load is not None else None
-        if load is not None and not self.models:
-            self.models = await self._worker_models()
+        """Probe the worker; on first success without --model, learn the models it serves."""
+        probe = await self.prober.probe()
+        if probe.load is not None and not self.models:
+            self.models = await self.prober.worker_models()
             if not self.models:
                 return Probe(healthy=False, load=None)  # cannot register a worker that serves nothing
-        return Probe(healthy=True, load=load, inflight_ids=inflight)
-
-    async def _scrape(self) -> WorkerLoad | None:
-        try:
-            status, text = await self._get("/metrics")
-            if status != 200:
-                raise MetricsParseError(f"GET /metrics answered {status}")
-            return extract_load(parse_prometheus(text))
-        except (aiohttp.ClientError, TimeoutError, MetricsParseError) as e:
-            self.counts["scrape_errors"] += 1
-            logger.warning("scrape of %s/metrics failed: %s", self.config.base_url, e)
-            return None
-
-    async def _inflight(self) -> tuple[str, ...] | None:
-        if not self.inflight_supported:
-            return None
-        try:
-            status, text = await self._get(self.config.inflight_path)
-            if status == 404:
-                self.inflight_supported = False  # real vLLM: report counts only
-                logger.info("worker has no %s: reporting counts only", self.config.inflight_path)
-                return None
-            body: Any = json.loads(text) if status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return None
-        if isinstance(body, dict):
-            body = body.get("request_ids", body.get("ids", body.get("inflight")))
-        return tuple(str(x) for x in body) if isinstance(body, list) else None
-
-    async def _worker_models(self) -> list[str]:
-        try:
-            status, text = await self._get("/v1/models")
-            data = json.loads(text).get("data", []) if status == 200 else []
-            return sorted({str(m["id"]) for m in data if isinstance(m, dict) and "id" in m})
-        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as e:
-            logger.warning("GET %s/v1/models failed: %s", self.config.base_url, e)
-            return []
-
-    # --- one heartbeat period ---
+        return probe
 
     async def step(self) -> None:
         """Probe once and carry out what the lease keeper decides."""
@@ -264,56 +209,36 @@ class WorkerAgent:
     async def close(self) -> None:
         await cancel_and_wait(self._consumer_task)
 
-    # --- the agent's own metrics ---
-
     def metrics_text(self) -> str:
+        load = self.keeper.last_load or WorkerLoad(engine="unknown")
+        kv = self.consumer.stats if self.consumer else KvEventStats()
+        unknown_parents = self.consumer.keys.unknown_parents if self.consumer else 0
+        rows: list[tuple[str, str, float, str]] = [
+            ("heartbeats_total", "counter", self.counts["heartbeats"], "Lease renewals sent."),
+            ("registrations_total", "counter", self.counts["registrations"], "Registrations (new epochs)."),
+            ("probe_errors_total", "counter", self.prober.counts["probe_errors"], "Failed /health probes."),
+            ("scrape_errors_total", "counter", self.prober.counts["scrape_errors"], "Failed scrapes."),
+            ("redis_errors_total", "counter", self.counts["redis_errors"], "Failed Redis calls."),
+            ("worker_restarts_total", "counter", self.keeper.restarts, "Worker restarts detected."),
+            ("cache_resets_total", "counter", self.counts["cache_resets"], "Worker cache clears seen."),
+            ("lease_renewing", "gauge", int(self.keeper.renewing), "1 while the lease is renewed."),
+            ("draining", "gauge", int(self.keeper.draining), "1 while the worker is draining."),
+            ("worker_running", "gauge", load.running, "Requests the worker runs."),
+            ("worker_waiting", "gauge", load.waiting, "Requests queued in the worker."),
+            ("worker_kv_usage", "gauge", load.kv_usage, "Worker KV-cache usage, 0..1."),
+            ("kv_batches_total", "counter", kv.batches, "KV-event batches received."),
+            ("kv_events_total", "counter", kv.events, "KV events received."),
+            ("kv_seq_gaps_total", "counter", kv.seq_gaps, "KV-event sequence gaps."),
+            ("kv_missed_batches_total", "counter", kv.missed_batches, "KV-event batches lost in gaps."),
+            ("kv_decode_errors_total", "counter", kv.decode_errors, "Undecodable KV-event messages."),
+            ("kv_unknown_parent_blocks_total", "counter", unknown_parents,
+             "Stored blocks skipped: their parent was stored before the agent subscribed."),
+        ]  # fmt: skip
         labels = f'{{worker="{self.config.id}"}}'
-        load = self.keeper.last_load
-        stats = self.consumer.stats if self.consumer else None
         lines = []
-
-        def metric(name: str, kind: str, value: float, help_text: str) -> None:
-            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{labels} {value}"])
-
-        metric("kvgate_agent_heartbeats_total", "counter", self.counts["heartbeats"], "Lease renewals sent.")
-        metric("kvgate_agent_registrations_total", "counter", self.counts["registrations"], "Registrations.")
-        metric(
-            "kvgate_agent_probe_errors_total",
-            "counter",
-            self.counts["probe_errors"],
-            "Failed /health probes.",
-        )
-        metric("kvgate_agent_scrape_errors_total", "counter", self.counts["scrape_errors"], "Failed scrapes.")
-        metric(
-            "kvgate_agent_redis_errors_total", "counter", self.counts["redis_errors"], "Failed Redis calls."
-        )
-        metric("kvgate_agent_worker_restarts_total", "counter", self.keeper.restarts, "Worker restarts seen.")
-        metric(
-            "kvgate_agent_cache_resets_total", "counter", self.counts["cache_resets"], "Cache clears seen."
-        )
-        metric(
-            "kvgate_agent_lease_renewing", "gauge", int(self.keeper.renewing), "1 while the lease is renewed."
-        )
-        metric("kvgate_agent_draining", "gauge", int(self.keeper.draining), "1 while the worker is draining.")
-        metric(
-            "kvgate_agent_worker_running", "gauge", load.running if load else 0, "Worker running requests."
-        )
-        metric("kvgate_agent_worker_waiting", "gauge", load.waiting if load else 0, "Worker queued requests.")
-        metric(
-            "kvgate_agent_worker_kv_usage", "gauge", load.kv_usage if load else 0.0, "Worker KV usage 0..1."
-        )
-        metric("kvgate_agent_kv_batches_total", "counter", stats.batches if stats else 0, "KV-event batches.")
-        metric("kvgate_agent_kv_events_total", "counter", stats.events if stats else 0, "KV events received.")
-        metric(
-            "kvgate_agent_kv_seq_gaps_total", "counter", stats.seq_gaps if stats else 0, "KV-event seq gaps."
-        )
-        metric("kvgate_agent_kv_missed_batches_total", "counter", stats.missed_batches if stats else 0,
-               "KV-event batches lost in seq gaps.")  # fmt: skip
-        metric("kvgate_agent_kv_decode_errors_total", "counter", stats.decode_errors if stats else 0,
-               "Undecodable KV-event messages.")  # fmt: skip
-        metric("kvgate_agent_kv_unknown_parent_blocks_total", "counter",
-               self.consumer.keys.unknown_parents if self.consumer else 0,
-               "Stored blocks skipped: parent stored before the agent subscribed.")  # fmt: skip
+        for name, kind, value, help_text in rows:
+            full = f"kvgate_agent_{name}"
+            lines += [f"# HELP {full} {help_text}", f"# TYPE {full} {kind}", f"{full}{labels} {value}"]
         return "\n".join(lines) + "\n"
 
 
