@@ -23,7 +23,7 @@ from aiohttp import web
 
 from agent import index_store, registry
 from agent.config import AgentConfig
-from agent.kv_events import KvEventConsumer, KvEventStats
+from agent.kv_consumer import KvEventConsumer, KvEventStats
 from agent.lease import LeaseKeeper, Probe
 from agent.probe import WorkerProbe
 from agent.registry import WorkerRecord

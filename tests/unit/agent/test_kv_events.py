@@ -5,11 +5,11 @@ from __future__ import annotations
 import msgpack
 import pytest
 
+from agent.kv_consumer import KvEventStats
 from agent.kv_events import (
     IndexChange,
     KvEvent,
     KvEventDecodeError,
-    KvEventStats,
     RouterKeys,
     continue_chain,
     decode_batch,
