@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bench.emulator.tokenizer import TemplateError, render_chat, tokenize
+from bench.emulator.tokenizer import VOCAB_SIZE, TemplateError, render_chat, tokenize
 
 Kind = Literal["chat", "completion"]
 FILLER = (" the", " KV", " cache", " keeps", " every", " prefix", " warm", " and", " fast", ".")
@@ -116,7 +116,9 @@ def _completion_prompt(prompt: Any) -> list[int]:
         if not prompt:
             raise ApiError(400, "prompt: must not be empty", "prompt")
         return tokenize(prompt)
-    if isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        if bad := next((t for t in prompt if not 0 <= t < VOCAB_SIZE), None):
+            raise ApiError(400, f"prompt: token id {bad} is out of vocabulary (size {VOCAB_SIZE})", "prompt")
         return list(prompt)
     raise ApiError(
         400, "prompt: must be a non-empty string or a list of token ids (one prompt only)", "prompt"

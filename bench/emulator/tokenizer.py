@@ -22,7 +22,6 @@ import hashlib
 import sys
 from array import array
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from typing import Any
 
 VOCAB_SIZE = 128_256  # Llama-3's vocabulary size
@@ -36,7 +35,10 @@ HEADER_END = "<|end_header_id|>\n\n"
 END_OF_TURN = "<|eot_id|>"
 
 
-@lru_cache(maxsize=1 << 16)
+_PIECE_IDS: dict[str, int] = {}  # memo: real text repeats pieces, and hashing each is the slow part
+_MAX_MEMO = 1 << 20
+
+
 def _piece_id(piece: str) -> int:
     digest = hashlib.blake2b(piece.encode("utf-8", "surrogatepass"), digest_size=4).digest()
     return int.from_bytes(digest, "big") % VOCAB_SIZE
@@ -44,7 +46,14 @@ def _piece_id(piece: str) -> int:
 
 def tokenize(text: str) -> list[int]:
     """Token ids of `text`: one per 4-character piece, in order."""
-    return [_piece_id(text[i : i + CHARS_PER_TOKEN]) for i in range(0, len(text), CHARS_PER_TOKEN)]
+    pieces = [text[i : i + CHARS_PER_TOKEN] for i in range(0, len(text), CHARS_PER_TOKEN)]
+    missing = set(pieces).difference(_PIECE_IDS)
+    if len(_PIECE_IDS) + len(missing) > _MAX_MEMO:
+        _PIECE_IDS.clear()
+        missing = set(pieces)
+    for piece in missing:
+        _PIECE_IDS[piece] = _piece_id(piece)
+    return list(map(_PIECE_IDS.__getitem__, pieces))
 
 
 def count_tokens(text: str) -> int:
@@ -92,20 +101,26 @@ def render_chat(messages: Any) -> str:
     return "".join(out)
 
 
-def block_key(parent: int, block_tokens: Sequence[int]) -> int:
-    """The cache key of one full block after the block keyed `parent`."""
-    ids = array("I", block_tokens)
+def _token_bytes(tokens: Sequence[int]) -> bytes:
+    ids = array("I", tokens)
     if sys.byteorder == "big":  # hash the same bytes on every machine
         ids.byteswap()
-    payload = parent.to_bytes(8, "big") + ids.tobytes()
+    return ids.tobytes()
+
+
+def block_key(parent: int, block_tokens: Sequence[int]) -> int:
+    """The cache key of one full block after the block keyed `parent`: blake2b-64(parent ‖ u32 LE tokens)."""
+    payload = parent.to_bytes(8, "big") + _token_bytes(block_tokens)
     return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "big")
 
 
 def full_block_keys(tokens: Sequence[int], block_size: int) -> list[int]:
-    """Chained keys of the full blocks of `tokens` (a trailing partial block has none)."""
-    keys = []
-    parent = ROOT_KEY
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = block_key(parent, tokens[start : start + block_size])
-        keys.append(parent)
-    return keys
+    """Chained keys of the full blocks of `tokens` (a trailing partial block has none); as `block_key`."""
+    data = _token_bytes(tokens)
+    stride = 4 * block_size
+    parent = ROOT_KEY.to_bytes(8, "big")
+    digests = []
+    for start in range(0, (len(tokens) // block_size) * stride, stride):
+        parent = hashlib.blake2b(parent + data[start : start + stride], digest_size=8).digest()
+        digests.append(parent)
+    return [int.from_bytes(d, "big") for d in digests]

@@ -93,7 +93,9 @@ def test_accepted_fields(kind: str, body: dict, field: str, value: object) -> No
         pytest.param("completion", {"prompt": ""}, 400, "prompt", id="empty prompt"),
         pytest.param("completion", {}, 400, "prompt", id="no prompt"),
         pytest.param("completion", {"prompt": ["a", "b"]}, 400, "one prompt only", id="two prompts"),
-        pytest.param("completion", {"prompt": [1, -2]}, 400, "token ids", id="negative token id"),
+        pytest.param("completion", {"prompt": [1, -2]}, 400, "out of vocabulary", id="negative token id"),
+        pytest.param("completion", {"prompt": [2**40]}, 400, "out of vocabulary", id="token id too large"),
+        pytest.param("completion", {"prompt": [1, 2.5]}, 400, "token ids", id="float token id"),
         pytest.param("completion", {"prompt": {"text": "x"}}, 400, "prompt", id="prompt an object"),
     ],
 )
