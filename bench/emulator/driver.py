@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from bench.emulator.kv_events import EngineKvEvent
-from bench.sim.engine import Engine, EngineRequest, Finished, FirstToken
+from bench.sim.engine import Engine, EngineRequest, Finished, FirstToken, RequestId
 
 logger = logging.getLogger(__name__)
 KvSink = Callable[[list[EngineKvEvent]], Awaitable[None]]
@@ -69,7 +69,7 @@ class EngineDriver:
         self._kv_sink = kv_sink
         self._t0 = time.monotonic()
         self._ids = itertools.count(1)
-        self._states: dict[int, RequestState] = {}  # engine id -> state, while in the engine
+        self._states: dict[RequestId, RequestState] = {}  # engine id -> state, while in the engine
         self._kicked = asyncio.Event()
         self._advanced_to = 0.0
         self._kv_events: list[EngineKvEvent] = []  # drained from the engine, not yet handed to the sink

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 import zmq
 import zmq.asyncio
 from cachetools import LRUCache
@@ -29,16 +29,15 @@ from cachetools import LRUCache
 logger = logging.getLogger(__name__)
 
 MEDIUM = "GPU"
-EngineKvEvent = tuple[
-    str, Sequence[int]
-]  # ("stored" | "removed" | "cleared", keys), from Engine.drain_kv_events
+# ("stored" | "removed" | "cleared", keys), from Engine.drain_kv_events
+EngineKvEvent = tuple[str, Sequence[Hashable]]
 
 
 class BlockCatalog:
     """Parent key and token ids of every full block submitted recently (bounded LRU)."""
 
     def __init__(self, max_blocks: int) -> None:
-        self._blocks: LRUCache[int, tuple[int | None, tuple[int, ...]]] = LRUCache(maxsize=max_blocks)
+        self._blocks: LRUCache[Hashable, tuple[int | None, tuple[int, ...]]] = LRUCache(maxsize=max_blocks)
 
     def remember(self, keys: Sequence[int], tokens: Sequence[int], block_size: int) -> None:
         """`keys` are the chained keys of the full blocks of `tokens`, block 0 first."""
@@ -47,10 +46,10 @@ class BlockCatalog:
             self._blocks[key] = (parent, tuple(tokens[i * block_size : (i + 1) * block_size]))
             parent = key
 
-    def get(self, key: int) -> tuple[int | None, tuple[int, ...]] | None:
+    def get(self, key: Hashable) -> tuple[int | None, tuple[int, ...]] | None:
         return self._blocks.get(key)
 
-    def forget(self, keys: Iterable[int]) -> None:
+    def forget(self, keys: Iterable[Hashable]) -> None:
         for key in keys:
             self._blocks.pop(key, None)
 
@@ -81,9 +80,9 @@ def to_vllm_events(
     return out
 
 
-def _stored_runs(keys: Sequence[int], catalog: BlockCatalog, block_size: int) -> list[list[Any]]:
+def _stored_runs(keys: Sequence[Hashable], catalog: BlockCatalog, block_size: int) -> list[list[Any]]:
     events: list[list[Any]] = []
-    run: list[int] = []
+    run: list[Hashable] = []
     tokens: list[int] = []
     run_parent: int | None = None
     for key in keys:
@@ -105,7 +104,8 @@ def _stored_runs(keys: Sequence[int], catalog: BlockCatalog, block_size: int) ->
 
 def encode_batch(ts: float, events: Sequence[Sequence[Any]], dp_rank: int | None = 0) -> bytes:
     """The third frame: vLLM's array-encoded EventBatch."""
-    return msgpack.packb([ts, list(events), dp_rank], use_bin_type=True)
+    payload: bytes = msgpack.packb([ts, list(events), dp_rank], use_bin_type=True)
+    return payload
 
 
 def default_topic(worker_id: str, model: str) -> str:
