@@ -104,8 +104,21 @@ class _Req:
 
     def copy(self) -> _Req:
         twin = _Req.__new__(_Req)
-        for name in _Req.__slots__:
-            setattr(twin, name, getattr(self, name))
+        twin.id, twin.keys, twin.sizes, twin.cum, twin.prompt = (
+            self.id,
+            self.keys,
+            self.sizes,
+            self.cum,
+            self.prompt,
+        )
+        twin.output, twin.generated, twin.computed, twin.target = (
+            self.output,
+            self.generated,
+            self.computed,
+            self.target,
+        )
+        twin.held, twin.private, twin.cached_tokens = self.held, self.private, self.cached_tokens
+        twin.first_done, twin.state = self.first_done, self.state
         return twin
 
 
@@ -255,10 +268,52 @@ class Engine:
         if self._buffer:
             return self._buffer[0].at_s
         if self._next_event_memo is None:
-            twin = self._clone()
-            events = twin._run(math.inf, stop_at_event=True)
-            self._next_event_memo = (events[0].at_s if events else None,)
+            if not self._running and not self._waiting and self._pending is None:
+                at_s: float | None = None
+            elif self.reference or (at_s := self._next_decode_finish_s()) is None:
+                events = self._clone()._run(math.inf, stop_at_event=True)  # look ahead on a copy
+                at_s = events[0].at_s if events else None
+            self._next_event_memo = (at_s,)
         return self._next_event_memo[0]
+
+    def _next_decode_finish_s(self) -> float | None:
+        """The next event in closed form while only decoding is left: the earliest finish, by the same span
+        arithmetic `_decode_span` will do. None when that does not apply (look ahead instead)."""
+        step, running = self._pending, self._running
+        if (step is not None and step.prefills) or not running:
+            return None
+        ahead = 1 if step is not None else 0  # a pending pure-decode step already holds its blocks
+        left = math.inf
+        ctx = 0
+        for r in running:
+            if r.computed < r.target:
+                return None
+            left = min(left, r.output - r.generated - ahead)
+            ctx += r.prompt + r.generated + ahead
+        if step is not None and left == 0:
+            return step.end_s
+        batch = len(running)
+        if self._waiting and self._admission_hit(self._waiting[0], budget_used=batch) is not None:
+            return None
+        bs = self._bs
+        need = sum(-(-(r.generated + ahead + left) // bs) + ((r.generated + ahead) // -bs) for r in running)
+        if need > self._cache.free + self._cache.evictable:
+            return None  # a preemption comes first
+        start = step.end_s if step is not None else self._clock
+        if left > 1:  # `left - 1` span steps, then the finishing step planned singly
+            p = self.profile
+            clock0, first_ms, growth_ms, done = self._span or (
+                start,
+                p.t0_ms
+                + max(p.t_w_ms + p.e_ms_per_seq * batch, p.b_ms_per_token * batch)
+                + p.f_ms_per_ctx_token * ctx,
+                p.f_ms_per_ctx_token * batch,
+                0,
+            )
+            total = done + int(left) - 1
+            start = clock0 + (total * first_ms + growth_ms * total * (total - 1) / 2) / 1000.0
+            ctx += (int(left) - 1) * batch
+        return start + step_time_ms(self.profile, batch, ctx, 0, 0) / 1000.0
 
     def _catch_up(self, until_s: float) -> None:
         memo = self._next_event_memo

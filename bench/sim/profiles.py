@@ -105,8 +105,8 @@ def _parse(raw: dict[str, Any], where: str) -> EngineProfile:
             raise ProfileError(f"{where}: {key} = {value!r}: must be a positive integer")
     for key in _FLOAT_KEYS:
         value = raw[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ProfileError(f"{where}: {key} = {value!r}: must be a positive number")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+            raise ProfileError(f"{where}: {key} = {value!r}: must be a positive finite number")
     if raw["max_num_seqs"] > raw["max_num_batched_tokens"]:
         # vLLM rejects this too: every running sequence needs a token of the step budget to decode
         raise ProfileError(f"{where}: max_num_seqs must be <= max_num_batched_tokens")
@@ -117,8 +117,16 @@ def _parse(raw: dict[str, Any], where: str) -> EngineProfile:
         name=raw["name"],
         gpu=raw["gpu"],
         model=raw["model"],
-        **{k: int(raw[k]) for k in _INT_KEYS},
-        **{k: float(raw[k]) for k in _FLOAT_KEYS},
+        block_size=int(raw["block_size"]),
+        num_gpu_blocks=int(raw["num_gpu_blocks"]),
+        max_num_batched_tokens=int(raw["max_num_batched_tokens"]),
+        max_num_seqs=int(raw["max_num_seqs"]),
+        t0_ms=float(raw["t0_ms"]),
+        t_w_ms=float(raw["t_w_ms"]),
+        b_ms_per_token=float(raw["b_ms_per_token"]),
+        c_ms_per_token_ctx=float(raw["c_ms_per_token_ctx"]),
+        e_ms_per_seq=float(raw["e_ms_per_seq"]),
+        f_ms_per_ctx_token=float(raw["f_ms_per_ctx_token"]),
         sources=sources,
     )
 
