@@ -12,6 +12,9 @@ Definitions (times in seconds from the request's arrival; rates as fractions):
                   duration = first arrival (0) to last finish.
   per_worker_util engine busy time / duration; util_cv = population std / mean of those.
   switch_rate     hot-prefix switches / counted pairs (see `switch_rate`).
+Extra balance measures (engine busy time saturates near 1 under continuous batching, so util_cv is
+small for every policy at high load): inflight_cv = CV of each worker's time-averaged requests in
+flight; prefill_tokens_cv = CV of the prompt tokens each worker computed (input - cached).
 Percentiles interpolate linearly between order statistics (numpy's default "linear").
 """
 
@@ -152,12 +155,34 @@ def compute_metrics(
         "util_cv": coefficient_of_variation(list(util.values())),
         "switch_rate": switch_rate(requests, [r.worker for r in records]),
         "ttft_mean": statistics.fmean(ttft) if ttft else math.nan,
+        "inflight_cv": coefficient_of_variation(_mean_inflight(records, result.worker_ids, duration)),
+        "prefill_tokens_cv": coefficient_of_variation(_prefill_tokens(records, result.worker_ids)),
         "per_worker_util": util,
         "requests": len(records),
         "finished": len(done),
         "rejected": sum(r.rejected for r in records),
         "duration_s": duration,
     }
+
+
+def _mean_inflight(
+    records: Sequence[RequestRecord], worker_ids: Sequence[str], duration: float
+) -> list[float]:
+    """Time-averaged requests in flight per worker (dispatch to finish)."""
+    busy = dict.fromkeys(worker_ids, 0.0)
+    for r in records:
+        if r.worker is not None and r.dispatch_s is not None and r.finish_s is not None:
+            busy[r.worker] += r.finish_s - r.dispatch_s
+    return [busy[w] / duration if duration > 0 else 0.0 for w in worker_ids]
+
+
+def _prefill_tokens(records: Sequence[RequestRecord], worker_ids: Sequence[str]) -> list[float]:
+    """Prompt tokens each worker had to compute (input minus cached)."""
+    work = dict.fromkeys(worker_ids, 0.0)
+    for r in records:
+        if r.worker is not None and r.first_token_s is not None:
+            work[r.worker] += r.input_tokens - r.cached_tokens
+    return [work[w] for w in worker_ids]
 
 
 def _queue_delay(record: RequestRecord, profile: EngineProfile) -> float:

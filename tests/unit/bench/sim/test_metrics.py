@@ -118,6 +118,8 @@ def test_compute_metrics_on_a_hand_made_run() -> None:
     assert m["per_worker_util"] == {"w0": 0.25, "w1": 0.75}
     assert m["util_cv"] == pytest.approx(0.25 / 0.5)
     assert m["switch_rate"] == 1.0
+    assert m["inflight_cv"] == pytest.approx(coefficient_of_variation([2.0 / 4, 3.0 / 4]))
+    assert m["prefill_tokens_cv"] == pytest.approx(coefficient_of_variation([1000, 488]))
     expected_queue = [
         0.5 - prefill_time_s(PROFILE, 1000, 0),
         max(0.0, 0.1 - prefill_time_s(PROFILE, 488, 512)),
