@@ -1,0 +1,169 @@
+"""The admission Lua scripts, loaded once and called through typed async wrappers.
+
+`plugin/lua/common.lua` holds the rules every script shares (reap expired leases and waiters, quota
+checks, the grant pump); each `lua/<verb>.lua` is prepended with it and registered with
+`redis.register_script`, which sends EVALSHA and reloads the script after a `SCRIPT FLUSH` (redis-py's
+NoScriptError fallback). Lua returns codes; the wrappers return small dataclasses, and
+`plugin/slots.py` turns the rejections into typed errors, as redis-py's lock.py does.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+from policy.admission import AdmitCode, CheckStatus, ReleaseCode
+from policy.keys import PREFIX, model_key
+from policy.types import Band
+
+GRANTED_CHANNEL = f"{PREFIX}:admission:granted"  # one channel for all models; message = JSON list of ids
+
+
+def model_keys(model: str) -> list[str]:
+    """KEYS of every admission script, in the order common.lua expects."""
+    bands = [b.value for b in Band]
+    return [
+        model_key(model, "quota"),
+        model_key(model, "leases"),
+        model_key(model, "lease"),
+        model_key(model, "used"),
+        *(model_key(model, "queue", str(b)) for b in bands),
+        model_key(model, "waiter"),
+        model_key(model, "deadline"),
+        model_key(model, "qstate"),
+        *(model_key(model, "tags", str(b)) for b in bands),
+    ]
+
+
+def quota_key(model: str) -> str:
+    """HASH of the model's limits (docs/ADMISSION.md); scripts read it on every call."""
+    return model_key(model, "quota")
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireReply:
+    code: AdmitCode
+    seats: int
+    ahead: int  # waiters ahead of this one (own band, earlier) + all waiters in higher bands
+    hold_ms: int  # moving average of how long leases are held (0 = no data yet)
+    capacity: int  # model total in seats, -1 = unlimited
+    now_ms: int
+    granted: tuple[str, ...]  # other waiters granted by this call (also published)
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseReply:
+    code: ReleaseCode
+    hold_ms: int
+    granted: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReply:
+    status: CheckStatus
+    ahead: int
+    hold_ms: int
+    capacity: int
+    granted: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RenewReply:
+    lost: tuple[str, ...]
+    granted: tuple[str, ...]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _ids(values: Sequence[Any]) -> tuple[str, ...]:
+    return tuple(_text(v) for v in values)
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, str]:
+    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def _load(name: str, common: str) -> str:
+    body = importlib.resources.files("plugin").joinpath("lua", name).read_text(encoding="utf-8")
+    return common + "\n" + body
+
+
+class AdmissionScripts:
+    """The admission scripts registered on one client. `now_ms=None` uses the Redis server's clock,
+    so gateways with skewed clocks agree on lease expiry; tests pass explicit times."""
+
+    NAMES = ("acquire", "release", "renew", "check", "snapshot")
+
+    def __init__(self, redis: aioredis.Redis, channel: str = GRANTED_CHANNEL) -> None:
+        common = importlib.resources.files("plugin").joinpath("lua", "common.lua").read_text(encoding="utf-8")
+        self.channel = channel
+        self._scripts: dict[str, AsyncScript] = {
+            name: redis.register_script(_load(f"{name}.lua", common)) for name in self.NAMES
+        }
+
+    async def _call(self, name: str, model: str, now_ms: int | None, *args: Any) -> Any:
+        argv = [str(now_ms or 0), self.channel, *(str(a) for a in args)]
+        return await self._scripts[name](keys=model_keys(model), args=argv)
+
+    async def acquire(
+        self,
+        model: str,
+        request_id: str,
+        band: Band,
+        tenant: str,
+        seats: int,
+        lease_ms: int,
+        max_wait_ms: int,
+        gateway_id: str,
+        now_ms: int | None = None,
+    ) -> AcquireReply:
+        r = await self._call(
+            "acquire", model, now_ms, request_id, int(band), tenant, seats, lease_ms, max_wait_ms, gateway_id
+        )
+        return AcquireReply(
+            AdmitCode(int(r[0])), int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), _ids(r[6])
+        )
+
+    async def release(self, model: str, request_id: str, now_ms: int | None = None) -> ReleaseReply:
+        r = await self._call("release", model, now_ms, request_id)
+        return ReleaseReply(ReleaseCode(int(r[0])), int(r[1]), _ids(r[2]))
+
+    async def renew(
+        self, model: str, request_ids: Sequence[str], lease_ms: int, now_ms: int | None = None
+    ) -> RenewReply:
+        r = await self._call("renew", model, now_ms, lease_ms, *request_ids)
+        return RenewReply(_ids(r[0]), _ids(r[1]))
+
+    async def check(self, model: str, request_id: str, now_ms: int | None = None) -> CheckReply:
+        r = await self._call("check", model, now_ms, request_id)
+        return CheckReply(CheckStatus(int(r[0])), int(r[1]), int(r[2]), int(r[3]), _ids(r[4]))
+
+    async def snapshot(self, model: str, now_ms: int | None = None) -> dict[str, Any]:
+        """Seats in use per dimension, the quota, queue lengths per band, live leases."""
+        r = await self._call("snapshot", model, now_ms)
+        used = {k: int(v) for k, v in _pairs(r[0]).items()}
+        return {
+            "used": {
+                "total": used.get("total", 0),
+                "band": {b.name.lower(): used.get(f"band:{b.value}", 0) for b in Band},
+                "tenant": {k.removeprefix("tenant:"): v for k, v in used.items() if k.startswith("tenant:")},
+            },
+            "quota": _pairs(r[1]),
+            "queued": {b.name.lower(): int(r[2][b.value]) for b in Band},
+            "leases": int(r[3]),
+            "hold_ms": int(r[4]),
+            "now_ms": int(r[5]),
+            "granted": list(_ids(r[6])),
+        }
+
+
+def register_scripts(redis: aioredis.Redis, channel: str = GRANTED_CHANNEL) -> AdmissionScripts:
+    """Register the admission scripts on `redis` (loaded lazily by the first EVALSHA)."""
+    return AdmissionScripts(redis, channel)

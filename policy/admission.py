@@ -1,0 +1,425 @@
+"""Global admission rules as pure functions and a pure state machine (the Lua scripts' twin).
+
+Modelled on Kubernetes API Priority and Fairness, for LLM requests that cannot be pre-empted:
+
+- **Seats.** A request occupies `seat_count(uncached_prompt_tokens, max_tokens)` seats:
+  `ceil((uncached + max_tokens) / tokens_per_seat)`, at least 1, at most `max_seats` and at most the
+  smallest limit that applies to it (so it can always run eventually). `tokens_per_seat = 0`, or the
+  quota's `seats = 0`, counts requests instead (1 seat each).
+- **Limits** (`Quota`; an absent limit is unlimited): the model `total`; per band a nominal share
+  `band[b]`; per tenant `tenant` (default) or `tenants[t]`. A band over its nominal may **borrow**
+  up to `borrow[b]` seats, only while it and every lower band together stay within their combined
+  nominal seats (it borrows what lower bands leave unused; the loan is returned as its requests end).
+- **Queues**, one per band, ordered by a **fair tag** (self-clocked fair queuing by tenant):
+  `tag = max(vtime[b], last_tag[b][tenant]) + seats`, where `vtime[b]` is the tag of the band's
+  last grant; a tenant's flood gets ever larger tags, so other tenants interleave with it.
+  Equal tags go in request-id order (Redis ZSET order).
+- **Between bands**: strict priority with **aging**. A band's effective priority is
+  `band + floor((now - since[b]) / aging_ms)`, where `since[b]` is when the band was last served (or
+  became non-empty). Highest wins; ties go to the band served longest ago. So a waiting band is
+  served at least once per `(HIGH - band) * aging_ms` plus one seat turnover: with the default 5 s,
+  a low band at least every ~10 s, which bounds a low request's wait to its fair position × that.
+- **Grants**: each band offers its first queued request (among the first `SCAN`) whose tenant and
+  band limits allow it; the best band's offer is granted if it fits the model total, else nothing
+  is granted (seats are kept for it: small requests do not starve big ones).
+- **Queue length**: `queue_limit(expected_qps, acceptable_wait_s)`; a full band queue rejects.
+
+`AdmissionState` applies these rules step by step, exactly as `plugin/lua/*.lua` do on Redis;
+`tests/property/test_admission_agrees.py` feeds both the same operations and compares every reply.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from policy.types import Band
+
+SCAN = 8
+MAX_GRANTS = 64
+DEFAULT_AGING_MS = 5000
+DEFAULT_QUEUE_MAX = 1024
+DEFAULT_TOKENS_PER_SEAT = 4096
+DEFAULT_MAX_SEATS = 16
+# default band shares of the model total (default_quota): batch traffic is capped, online may borrow
+DEFAULT_SHARES: Mapping[Band, float] = {Band.HIGH: 0.5, Band.NORMAL: 0.3, Band.LOW: 0.2}
+
+
+class AdmitCode(IntEnum):
+    """acquire.lua's reply codes."""
+
+    ADMITTED = 1
+    QUEUED = 2
+    ALREADY_HELD = 3
+    ALREADY_QUEUED = 4
+    NO_SEAT = -1  # nothing free and the request would not wait
+    QUEUE_FULL = -2
+
+
+class ReleaseCode(IntEnum):
+    UNKNOWN = 0  # already released, expired, or never admitted
+    RELEASED = 1
+    LEFT_QUEUE = 2
+
+
+class CheckStatus(IntEnum):
+    GONE = 0
+    HELD = 1
+    QUEUED = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """One model's admission limits, as stored in the `kvg:{m}:quota` HASH. None = unlimited."""
+
+    total: int | None = None
+    band: Mapping[Band, int] = field(default_factory=dict)  # nominal seats per band
+    borrow: Mapping[Band, int] = field(default_factory=dict)  # seats a band may borrow beyond nominal
+    tenant: int | None = None  # default per-tenant cap (all bands of the model together)
+    tenants: Mapping[str, int] = field(default_factory=dict)  # per-tenant overrides
+    queue_max: int = DEFAULT_QUEUE_MAX  # waiters per band queue
+    queue_max_band: Mapping[Band, int] = field(default_factory=dict)
+    aging_ms: int = DEFAULT_AGING_MS  # 0 = strict priority, no aging
+    count_seats: bool = True  # False: every request is 1 seat
+
+    def to_hash(self) -> dict[str, str]:
+        out: dict[str, str] = {"queue_max": str(self.queue_max), "aging_ms": str(self.aging_ms)}
+        if self.total is not None:
+            out["total"] = str(self.total)
+        if self.tenant is not None:
+            out["tenant"] = str(self.tenant)
+        if not self.count_seats:
+            out["seats"] = "0"
+        out.update({f"band:{int(b)}": str(v) for b, v in self.band.items()})
+        out.update({f"borrow:{int(b)}": str(v) for b, v in self.borrow.items()})
+        out.update({f"queue_max:{int(b)}": str(v) for b, v in self.queue_max_band.items()})
+        out.update({f"tenant:{t}": str(v) for t, v in self.tenants.items()})
+        return out
+
+    @classmethod
+    def from_hash(cls, flat: Mapping[str, str]) -> Quota:
+        def num(key: str) -> int | None:
+            return int(float(flat[key])) if key in flat else None
+
+        def per_band(prefix: str) -> dict[Band, int]:
+            return {b: v for b in Band if (v := num(f"{prefix}:{int(b)}")) is not None}
+
+        return cls(
+            total=num("total"),
+            band=per_band("band"),
+            borrow=per_band("borrow"),
+            tenant=num("tenant"),
+            tenants={
+                k.removeprefix("tenant:"): int(float(v)) for k, v in flat.items() if k.startswith("tenant:")
+            },
+            queue_max=num("queue_max") or DEFAULT_QUEUE_MAX,
+            queue_max_band=per_band("queue_max"),
+            aging_ms=DEFAULT_AGING_MS if (a := num("aging_ms")) is None else a,
+            count_seats=num("seats") != 0,
+        )
+
+    def tenant_cap(self, tenant: str) -> int | None:
+        return self.tenants.get(tenant, self.tenant)
+
+    def queue_limit(self, band: Band) -> int:
+        return self.queue_max_band.get(band, self.queue_max)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Seats held by live leases."""
+
+    total: int = 0
+    band: Mapping[Band, int] = field(default_factory=dict)
+    tenant: Mapping[str, int] = field(default_factory=dict)
+
+
+# ---- pure rules ---------------------------------------------------------------------------------
+
+
+def seat_count(
+    uncached_prompt_tokens: int,
+    max_tokens: int,
+    tokens_per_seat: int = DEFAULT_TOKENS_PER_SEAT,
+    max_seats: int = DEFAULT_MAX_SEATS,
+) -> int:
+    """Seats a request occupies: ceil((uncached prompt + max_tokens) / tokens_per_seat), in [1, max_seats]."""
+    if tokens_per_seat <= 0:
+        return 1
+    cost = max(0, uncached_prompt_tokens) + max(0, max_tokens)
+    return max(1, min(max_seats, math.ceil(cost / tokens_per_seat)))
+
+
+def clamp_seats(seats: int, quota: Quota, band: Band, tenant: str) -> int:
+    """At least 1, at most the smallest limit (>= 1) that applies, so the request can always run."""
+    if not quota.count_seats:
+        return 1
+    cap = max(1, seats)
+    limits = [quota.total, quota.tenant_cap(tenant)]
+    if band in quota.band:
+        limits.append(quota.band[band] + quota.borrow.get(band, 0))
+    for limit in limits:
+        if limit is not None and 1 <= limit < cap:
+            cap = limit
+    return cap
+
+
+def tenant_ok(quota: Quota, usage: Usage, tenant: str, seats: int) -> bool:
+    cap = quota.tenant_cap(tenant)
+    return cap is None or usage.tenant.get(tenant, 0) + seats <= cap
+
+
+def band_ok(quota: Quota, usage: Usage, band: Band, seats: int) -> bool:
+    """Within its nominal seats, or borrowing (up to borrow[band]) seats lower bands leave unused."""
+    nominal = quota.band.get(band)
+    if nominal is None:
+        return True
+    used = usage.band.get(band, 0)
+    if used + seats <= nominal:
+        return True
+    if used + seats > nominal + quota.borrow.get(band, 0):
+        return False
+    lower = [b for b in Band if b <= band and b in quota.band]
+    pool = sum(quota.band[b] for b in lower)
+    used_pool = sum(usage.band.get(b, 0) for b in lower)
+    return used_pool + seats <= pool
+
+
+def total_ok(quota: Quota, usage: Usage, seats: int) -> bool:
+    return quota.total is None or usage.total + seats <= quota.total
+
+
+def admissible(quota: Quota, usage: Usage, band: Band, tenant: str, seats: int) -> bool:
+    """Every limit allows `seats` more seats for this band and tenant right now."""
+    return (
+        tenant_ok(quota, usage, tenant, seats)
+        and band_ok(quota, usage, band, seats)
+        and total_ok(quota, usage, seats)
+    )
+
+
+def fair_tag(vtime: int, tenant_last_tag: int | None, seats: int) -> int:
+    """Queue order inside a band (self-clocked fair queuing by tenant): smaller goes first."""
+    return max(vtime, tenant_last_tag or 0) + seats
+
+
+def effective_priority(band: Band, since_ms: int, now_ms: int, aging_ms: int) -> int:
+    """A band's priority plus one level per whole `aging_ms` it has waited unserved."""
+    return int(band) if aging_ms <= 0 else int(band) + (now_ms - since_ms) // aging_ms
+
+
+def max_band_wait_ms(band: Band, aging_ms: int) -> int | None:
+    """Longest a non-empty band waits for a turn beyond one seat turnover (None: unbounded, no aging)."""
+    return None if aging_ms <= 0 else (int(Band.HIGH) - int(band) + 1) * aging_ms
+
+
+def queue_limit(expected_qps: float, acceptable_wait_s: float) -> int:
+    """Queue length from 'expected QPS x acceptable wait' (the article's rule), at least 1."""
+    return max(1, math.ceil(expected_qps * acceptable_wait_s))
+
+
+def estimated_wait_s(ahead: int, capacity_seats: int, mean_hold_s: float, default_s: float = 1.0) -> float:
+    """Wait for a request with `ahead` waiters before it: (ahead + 1) x mean hold time / capacity.
+
+    With no measurement yet (mean_hold_s <= 0) or an unknown capacity, `default_s` per position."""
+    if mean_hold_s <= 0 or capacity_seats <= 0:
+        return default_s * (ahead + 1)
+    return (ahead + 1) * mean_hold_s / capacity_seats
+
+
+def default_quota(
+    workers: int, per_worker_concurrency: int, shares: Mapping[Band, float] = DEFAULT_SHARES
+) -> Quota:
+    """Limits from capacity: total = workers x per-worker concurrency, split into band shares; the
+    high and normal bands may borrow whatever lower bands leave unused, the low band may not."""
+    total = max(1, workers * per_worker_concurrency)
+    band = {b: int(total * shares.get(b, 0.0)) for b in Band}
+    band[Band.HIGH] += total - sum(band.values())  # rounding remainder to the online band
+    return Quota(total=total, band=band, borrow={Band.HIGH: total, Band.NORMAL: total, Band.LOW: 0})
+
+
+# ---- the state machine the Lua scripts implement --------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitResult:
+    code: AdmitCode
+    seats: int
+    ahead: int  # waiters before it in its band + all waiters in higher bands
+    granted: tuple[str, ...]  # other waiters this call granted
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseResult:
+    code: ReleaseCode
+    granted: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    status: CheckStatus
+    ahead: int
+    granted: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class _Lease:
+    seats: int
+    band: Band
+    tenant: str
+    expiry_ms: int
+    granted_ms: int
+
+
+@dataclass(slots=True)
+class _Waiter:
+    seats: int
+    band: Band
+    tenant: str
+    lease_ms: int
+    deadline_ms: int
+    tag: int
+
+
+@dataclass
+class AdmissionState:
+    """One model's leases and queues. Each operation reaps what expired by `now_ms`, does its work, then
+    grants freed seats to waiters, exactly as the Lua scripts do; the simulator drives it directly."""
+
+    quota: Quota = field(default_factory=Quota)
+    leases: dict[str, _Lease] = field(default_factory=dict)
+    waiters: dict[str, _Waiter] = field(default_factory=dict)
+    vtime: dict[Band, int] = field(default_factory=dict)
+    since: dict[Band, int] = field(default_factory=dict)
+    tags: dict[Band, dict[str, int]] = field(default_factory=dict)
+    hold_ms: int | None = None  # moving average of lease hold times
+
+    def usage(self) -> Usage:
+        band: dict[Band, int] = {}
+        tenant: dict[str, int] = {}
+        for lease in self.leases.values():
+            band[lease.band] = band.get(lease.band, 0) + lease.seats
+            tenant[lease.tenant] = tenant.get(lease.tenant, 0) + lease.seats
+        return Usage(sum(band.values()), band, tenant)
+
+    def queue(self, band: Band) -> list[str]:
+        """Waiting request ids of one band in grant order (fair tag, then id: Redis ZSET order)."""
+        ids = [rid for rid, w in self.waiters.items() if w.band == band]
+        return sorted(ids, key=lambda rid: (self.waiters[rid].tag, rid.encode()))
+
+    def ahead(self, rid: str) -> int:
+        band = self.waiters[rid].band
+        higher = sum(len(self.queue(b)) for b in Band if b > band)
+        return self.queue(band).index(rid) + higher
+
+    def acquire(
+        self, now_ms: int, rid: str, band: Band, tenant: str, seats: int, lease_ms: int, max_wait_ms: int
+    ) -> AdmitResult:
+        self._reap(now_ms)
+        if rid in self.leases:
+            return AdmitResult(AdmitCode.ALREADY_HELD, 0, 0, self._pump(now_ms))
+        if rid in self.waiters:
+            return AdmitResult(AdmitCode.ALREADY_QUEUED, 0, 0, self._pump(now_ms))
+        seats = clamp_seats(seats, self.quota, band, tenant)
+        was_empty = not self.queue(band)
+        band_tags = self.tags.setdefault(band, {})
+        prev_tag = band_tags.get(tenant)
+        tag = fair_tag(self.vtime.get(band, 0), prev_tag, seats)
+        self.waiters[rid] = _Waiter(seats, band, tenant, lease_ms, now_ms + max(max_wait_ms, 0), tag)
+        band_tags[tenant] = tag
+        if was_empty:
+            self.since[band] = now_ms
+        pumped = self._pump(now_ms)
+        granted = tuple(g for g in pumped if g != rid)
+        if rid in pumped:
+            return AdmitResult(AdmitCode.ADMITTED, seats, 0, granted)
+        ahead = self.ahead(rid)
+        full = len(self.queue(band)) - 1 >= self.quota.queue_limit(band)
+        if max_wait_ms <= 0 or full:
+            self._leave(rid)
+            if self.queue(band):
+                if prev_tag is None:
+                    del self.tags[band][tenant]
+                else:
+                    self.tags[band][tenant] = prev_tag
+            return AdmitResult(
+                AdmitCode.NO_SEAT if max_wait_ms <= 0 else AdmitCode.QUEUE_FULL, seats, ahead, granted
+            )
+        return AdmitResult(AdmitCode.QUEUED, seats, ahead, granted)
+
+    def release(self, now_ms: int, rid: str) -> ReleaseResult:
+        """End a request wherever it is (lease or queue); idempotent."""
+        self._reap(now_ms)
+        code = ReleaseCode.UNKNOWN
+        if (lease := self.leases.pop(rid, None)) is not None:
+            code = ReleaseCode.RELEASED
+            held = now_ms - lease.granted_ms
+            self.hold_ms = held if self.hold_ms is None else math.floor(self.hold_ms * 0.9 + held * 0.1)
+        elif self._leave(rid):
+            code = ReleaseCode.LEFT_QUEUE
+        return ReleaseResult(code, self._pump(now_ms))
+
+    def renew(self, now_ms: int, rids: list[str], lease_ms: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Extend leases; returns (lost ids, granted ids)."""
+        self._reap(now_ms)
+        lost = []
+        for rid in rids:
+            if (lease := self.leases.get(rid)) is not None:
+                lease.expiry_ms = now_ms + lease_ms
+            else:
+                lost.append(rid)
+        return tuple(lost), self._pump(now_ms)
+
+    def check(self, now_ms: int, rid: str) -> CheckResult:
+        self._reap(now_ms)
+        granted = self._pump(now_ms)
+        if rid in self.leases:
+            return CheckResult(CheckStatus.HELD, 0, granted)
+        if rid in self.waiters:
+            return CheckResult(CheckStatus.QUEUED, self.ahead(rid), granted)
+        return CheckResult(CheckStatus.GONE, 0, granted)
+
+    def _reap(self, now_ms: int) -> None:
+        for rid in [r for r, lease in self.leases.items() if lease.expiry_ms <= now_ms]:
+            del self.leases[rid]
+        for rid in [r for r, w in self.waiters.items() if w.deadline_ms <= now_ms]:
+            self._leave(rid)
+
+    def _leave(self, rid: str) -> bool:
+        waiter = self.waiters.pop(rid, None)
+        if waiter is None:
+            return False
+        if not self.queue(waiter.band):
+            self.tags.pop(waiter.band, None)
+        return True
+
+    def _pump(self, now_ms: int) -> tuple[str, ...]:
+        granted: list[str] = []
+        for _ in range(MAX_GRANTS):
+            usage = self.usage()
+            best: tuple[str, int, int] | None = None  # rid, effective priority, since
+            for band in sorted(Band, reverse=True):
+                for rid in self.queue(band)[:SCAN]:
+                    w = self.waiters[rid]
+                    if tenant_ok(self.quota, usage, w.tenant, w.seats) and band_ok(
+                        self.quota, usage, band, w.seats
+                    ):
+                        since = self.since.get(band, now_ms)
+                        eff = effective_priority(band, since, now_ms, self.quota.aging_ms)
+                        if best is None or eff > best[1] or (eff == best[1] and since < best[2]):
+                            best = (rid, eff, since)
+                        break
+            if best is None or not total_ok(self.quota, usage, self.waiters[best[0]].seats):
+                break
+            self._grant(now_ms, best[0])
+            granted.append(best[0])
+        return tuple(granted)
+
+    def _grant(self, now_ms: int, rid: str) -> None:
+        w = self.waiters[rid]
+        self._leave(rid)
+        self.leases[rid] = _Lease(w.seats, w.band, w.tenant, now_ms + w.lease_ms, now_ms)
+        self.vtime[w.band] = w.tag
+        self.since[w.band] = now_ms
