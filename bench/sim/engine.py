@@ -556,7 +556,7 @@ class Engine:
     def _grow(self, r: _Req) -> bool:
         """Give decoding `r` one more engine block, preempting the newest running requests if the pool is
         exhausted; False when `r` itself had to be preempted."""
-        while self._cache.free < 1 and not self._cache.lru:
+        while self._cache.free + self._cache.evictable < 1:
             victim = self._running[-1]
             if victim is r:
                 if len(self._running) == 1:

@@ -163,12 +163,42 @@ def test_decode_growth_under_kv_pressure_preempts_the_newest_request() -> None:
     engine = Engine(tiny())
     engine.submit(req("old", ["o1", "o2", "o3", "o4"], 200), 0.0)
     engine.submit(req("new", ["n1", "n2", "n3", "n4"], 200), 0.0)
-    events = run_all(engine)
-    assert engine.num_preemptions >= 1
+    # each holds 4 prompt blocks + ceil(generated / 16) decode blocks: the 20-block pool runs out when both
+    # have 96 tokens and want a 7th decode block; "new" (admitted last) is preempted and keeps its tokens
+    events: list[EngineEvent] = []
+    while engine.num_preemptions == 0:
+        events += engine.advance(engine._clock + 0.01)
+    assert (engine.running, engine.waiting, engine.progress("new", engine._clock)) == (1, 1, 96)
+    events += run_all(engine)
+    assert engine.num_preemptions == 1
     finished = [e for e in events if isinstance(e, Finished)]
     assert [(e.id, e.output_tokens) for e in finished] == [("old", 200), ("new", 200)]
     assert sorted(e.id for e in events if isinstance(e, FirstToken)) == ["new", "old"]  # once each
     assert invariant_holds(engine) and engine.kv_usage == 0.0
+
+
+def test_a_lone_request_larger_than_the_pool_still_runs() -> None:
+    engine = Engine(tiny(), record_kv_events=True)
+    engine.submit(req("huge", [f"h{i}" for i in range(30)], 40), 0.0)  # 30 + 3 blocks > 20 in the pool
+    engine.submit(req("next", ["n1"], 1), 0.0)
+    events = run_all(engine)
+    assert [(type(e).__name__, e.id) for e in events] == [
+        ("FirstToken", "huge"),
+        ("Finished", "huge"),
+        ("FirstToken", "next"),
+        ("Finished", "next"),
+    ]
+    assert invariant_holds(engine) and engine.kv_usage == 0.0
+
+
+def test_kv_usage_counts_blocks_of_running_requests() -> None:
+    engine = Engine(tiny())
+    engine.submit(req("a", ["a1", "a2", "a3", "a4"], 40), 0.0)
+    engine.advance(0.02)  # prefill done, a few decode steps: 4 prompt blocks + 1 decode block
+    assert 1 < engine.progress("a", 0.02) <= 16
+    assert (engine.running, engine.kv_usage) == (1, 5 / 20)
+    run_all(engine)
+    assert (engine.running, engine.kv_usage) == (0, 0.0)
 
 
 def test_max_num_seqs_caps_running_requests() -> None:
