@@ -9,6 +9,7 @@ Layout (docs/REDIS.md), all under the model's hash tag:
   capacity in blocks, least recently used first (bounded memory per worker);
 - `kvg:{m}:idx-workers` SET of workers that have entries (so a snapshot needs no SCAN);
 - `kvg:{m}:idx:log` STREAM of ops `op` (add/remove/clear), `worker`, `hashes` (comma-separated hex),
+  `seq` (dense counter `kvg:{m}:idx-seq`, so a reader detects entries trimmed before it read them),
   capped with `MAXLEN ~`. Blocks evicted by the capacity trim are logged as a `remove`, so a mirror
   that applies the log in order holds exactly what Redis holds.
 
@@ -23,10 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from policy import keys
 
-LOG_MAXLEN = 100_000  # approximate cap of the op log; a mirror further behind than this must resnapshot
+LOG_MAXLEN = 20_000  # approximate cap of the op log; a mirror further behind must resnapshot (IndexLogGap)
 DEFAULT_CAPACITY_BLOCKS = 1 << 16  # per-worker bound when the worker's KV capacity is unknown
 HASH_MASK = (1 << 64) - 1
 
@@ -39,6 +41,14 @@ def index_key(model: str, worker: str) -> str:
 
 def members_key(model: str) -> str:
     return keys.model_key(model, "idx-workers")
+
+
+def seq_key(model: str) -> str:
+    return keys.model_key(model, "idx-seq")
+
+
+def _keys(model: str, worker: str) -> tuple[str, str, str, str]:
+    return (index_key(model, worker), members_key(model), log_key(model), seq_key(model))
 
 
 def log_key(model: str) -> str:
@@ -61,43 +71,69 @@ class IndexOp:
     op: str  # "add" | "remove" | "clear"
     worker: str
     hashes: tuple[int, ...] = ()
+    seq: int = 0  # position in the log (dense, from 1); 0 = not from the log
 
 
-# KEYS[1] kvg:{m}:idx:<worker>  KEYS[2] kvg:{m}:idx-workers  KEYS[3] kvg:{m}:idx:log
-# ARGV[1] worker  ARGV[2] capacity (blocks)  ARGV[3] log maxlen  ARGV[4] hashes (comma-separated hex)
+# Every script takes the same KEYS:
+# KEYS[1] kvg:{m}:idx:<worker>  KEYS[2] kvg:{m}:idx-workers  KEYS[3] kvg:{m}:idx:log  KEYS[4] kvg:{m}:idx-seq
+# and logs each change as one stream entry with a dense sequence number (`seq`), so a reader can tell
+# that entries it never saw were trimmed away. Commands taking many arguments are sent in chunks
+# (Lua's unpack() has a limit of a few thousand values).
+_PRELUDE = """
+local function log(op, hashes)
+  local seq = redis.call('INCR', KEYS[4])
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*',
+             'op', op, 'worker', ARGV[1], 'hashes', hashes, 'seq', seq)
+end
+local function chunked(cmd, key, first, step)
+  local n, done = #ARGV, 0
+  for i = first, n, step do
+    done = done + redis.call(cmd, key, unpack(ARGV, i, math.min(i + step - 1, n)))
+  end
+  return done
+end
+"""
+
+# ARGV[1] worker  ARGV[2] log maxlen  ARGV[3] capacity (blocks)  ARGV[4] hashes (comma-separated hex)
 # ARGV[5..] score, member pairs for ZADD
 # returns the number of blocks evicted by the capacity trim (they are logged as a remove)
-_ADD = """
-redis.call('ZADD', KEYS[1], unpack(ARGV, 5))
+_ADD = (
+    _PRELUDE
+    + """
+chunked('ZADD', KEYS[1], 5, 1000)
 redis.call('SADD', KEYS[2], ARGV[1])
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'op', 'add', 'worker', ARGV[1], 'hashes', ARGV[4])
-local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[2])
+log('add', ARGV[4])
+local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[3])
 if excess <= 0 then return 0 end
 local evicted = redis.call('ZRANGE', KEYS[1], 0, excess - 1)
 redis.call('ZREMRANGEBYRANK', KEYS[1], 0, excess - 1)
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'op', 'remove', 'worker', ARGV[1],
-           'hashes', table.concat(evicted, ','))
+log('remove', table.concat(evicted, ','))
 return excess
 """
+)
 
-# KEYS[1] kvg:{m}:idx:<worker>  KEYS[2] kvg:{m}:idx:log
 # ARGV[1] worker  ARGV[2] log maxlen  ARGV[3] hashes (comma-separated hex)  ARGV[4..] members
 # returns the number of entries removed
-_REMOVE = """
-local removed = redis.call('ZREM', KEYS[1], unpack(ARGV, 4))
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'op', 'remove', 'worker', ARGV[1], 'hashes', ARGV[3])
+_REMOVE = (
+    _PRELUDE
+    + """
+local removed = chunked('ZREM', KEYS[1], 4, 1000)
+log('remove', ARGV[3])
 return removed
 """
+)
 
-# KEYS[1] kvg:{m}:idx:<worker>  KEYS[2] kvg:{m}:idx-workers  KEYS[3] kvg:{m}:idx:log
 # ARGV[1] worker  ARGV[2] log maxlen   returns the number of entries dropped
-_CLEAR = """
+_CLEAR = (
+    _PRELUDE
+    + """
 local n = redis.call('ZCARD', KEYS[1])
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[1])
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', 'op', 'clear', 'worker', ARGV[1], 'hashes', '')
+log('clear', '')
 return n
 """
+)
 
 
 async def _eval(redis: aioredis.Redis, script: str, keys_: Sequence[str], args: Sequence[Any]) -> Any:
@@ -132,10 +168,7 @@ async def add_blocks(
         pairs += [now_ms + (n - i) / (n + 1), member]
     return int(
         await _eval(
-            redis,
-            _ADD,
-            (index_key(model, worker), members_key(model), log_key(model)),
-            (worker, capacity, LOG_MAXLEN, ",".join(members), *pairs),
+            redis, _ADD, _keys(model, worker), (worker, LOG_MAXLEN, capacity, ",".join(members), *pairs)
         )
     )
 
@@ -146,31 +179,38 @@ async def remove_blocks(redis: aioredis.Redis, model: str, worker: str, hashes: 
         return 0
     members = [to_hex(h) for h in hashes]
     return int(
-        await _eval(
-            redis,
-            _REMOVE,
-            (index_key(model, worker), log_key(model)),
-            (worker, LOG_MAXLEN, ",".join(members), *members),
-        )
+        await _eval(redis, _REMOVE, _keys(model, worker), (worker, LOG_MAXLEN, ",".join(members), *members))
     )
 
 
 async def clear_worker(redis: aioredis.Redis, model: str, worker: str) -> int:
     """Drop every entry of `worker` (restart, cache reset, deregistration); returns how many."""
-    return int(
-        await _eval(
-            redis,
-            _CLEAR,
-            (index_key(model, worker), members_key(model), log_key(model)),
-            (worker, LOG_MAXLEN),
-        )
-    )
+    return int(await _eval(redis, _CLEAR, _keys(model, worker), (worker, LOG_MAXLEN)))
+
+
+class IndexLogGap(RedisError):
+    """Entries after the cursor were trimmed from the log before this reader saw them: load a new snapshot.
+
+    A `RedisError`, so a reader that reloads on Redis errors recovers without special handling.
+    """
+
+
+def _split_cursor(cursor: str) -> tuple[str, int | None]:
+    """`"<stream id>@<seq>"` -> (stream id, seq); a bare stream id ("0-0", "$") has no seq."""
+    stream_id, _, seq = cursor.partition("@")
+    return stream_id, int(seq) if seq else None
 
 
 async def log_cursor(redis: aioredis.Redis, model: str) -> str:
-    """The id of the newest log entry ("0-0" if none): tail from here after loading a snapshot."""
-    newest = await redis.xrevrange(log_key(model), count=1)
-    return _text(newest[0][0]) if newest else "0-0"
+    """Where the log ends now, as `"<stream id>@<seq>"`: tail from here after loading a snapshot."""
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.xrevrange(log_key(model), count=1)
+        pipe.get(seq_key(model))
+        newest, counter = await pipe.execute()
+    if not newest:
+        return f"0-0@{int(counter or 0)}"
+    entry_id, fields = newest[0]
+    return f"{_text(entry_id)}@{parse_entry(fields).seq}"
 
 
 async def load_snapshot(redis: aioredis.Redis, model: str) -> dict[str, list[int]]:
@@ -196,25 +236,34 @@ def parse_entry(fields: dict[Any, Any]) -> IndexOp:
     text = {_text(k): _text(v) for k, v in fields.items()}
     raw_hashes = text.get("hashes", "")
     hashes = tuple(from_hex(h) for h in raw_hashes.split(",") if h)
-    return IndexOp(op=text.get("op", ""), worker=text.get("worker", ""), hashes=hashes)
+    seq = int(text.get("seq", "0") or 0)
+    return IndexOp(op=text.get("op", ""), worker=text.get("worker", ""), hashes=hashes, seq=seq)
 
 
 async def tail(
-    redis: aioredis.Redis, model: str, last_id: str, block_ms: int | None = None, count: int = 1000
+    redis: aioredis.Redis, model: str, cursor: str, block_ms: int | None = None, count: int = 1000
 ) -> tuple[str, list[IndexOp]]:
-    """Log entries after `last_id` (at most `count`), waiting up to `block_ms` if there are none.
+    """Log entries after `cursor` (at most `count`), waiting up to `block_ms` if there are none.
 
-    Returns the id to pass next time and the ops in log order. `block_ms=None` does not wait. Use
-    a dedicated connection when blocking: XREAD BLOCK holds it.
+    Returns the cursor to pass next time and the ops in log order. `cursor` comes from `log_cursor`
+    (or a previous `tail`); a bare stream id such as "0-0" works too, without gap detection.
+    Raises IndexLogGap when entries after the cursor were trimmed away (the reader fell more than
+    LOG_MAXLEN entries behind). `block_ms=None` does not wait. Use a dedicated connection when
+    blocking: XREAD BLOCK holds it.
     """
+    last_id, last_seq = _split_cursor(cursor)
     reply: Any = await redis.xread({log_key(model): last_id}, count=count, block=block_ms)
     if not reply:
-        return last_id, []
+        return cursor, []
     ops = []
     for entry_id, fields in reply[0][1]:  # [[stream, [(id, fields), ...]]] (RESP2 clients)
         last_id = _text(entry_id)
         ops.append(parse_entry(fields))
-    return last_id, ops
+    if last_seq is not None and ops[0].seq > last_seq + 1:
+        raise IndexLogGap(
+            f"index log of {model}: entries {last_seq + 1}..{ops[0].seq - 1} were trimmed unread"
+        )
+    return (f"{last_id}@{ops[-1].seq}" if ops[-1].seq else last_id), ops
 
 
 def apply_ops(mirror: dict[str, dict[int, None]], ops: Iterable[IndexOp]) -> None:

@@ -61,18 +61,41 @@ async def test_remove_and_clear(redis: aioredis.Redis) -> None:
 
 async def test_tail_returns_ops_in_order_including_trim_evictions(redis: aioredis.Redis) -> None:
     cursor = await index_store.log_cursor(redis, MODEL)
-    assert cursor == "0-0"
+    assert cursor == "0-0@0"
     await index_store.add_blocks(redis, MODEL, "w1", [1, 2], now_ms=1, capacity_blocks=1)
     await index_store.remove_blocks(redis, MODEL, "w1", [1])
     await index_store.clear_worker(redis, MODEL, "w1")
     cursor, ops = await index_store.tail(redis, MODEL, cursor)
     assert ops == [
-        IndexOp("add", "w1", (1, 2)),
-        IndexOp("remove", "w1", (2,)),
-        IndexOp("remove", "w1", (1,)),
-        IndexOp("clear", "w1", ()),
+        IndexOp("add", "w1", (1, 2), seq=1),
+        IndexOp("remove", "w1", (2,), seq=2),
+        IndexOp("remove", "w1", (1,), seq=3),
+        IndexOp("clear", "w1", (), seq=4),
     ]
+    assert cursor == await index_store.log_cursor(redis, MODEL)
+    assert cursor.endswith("@4")
     assert await index_store.tail(redis, MODEL, cursor) == (cursor, [])
+
+
+async def test_a_reader_that_fell_behind_the_trimmed_log_is_told_to_resnapshot(redis: aioredis.Redis) -> None:
+    await index_store.add_blocks(redis, MODEL, "w1", [1], now_ms=1)
+    behind = await index_store.log_cursor(redis, MODEL)
+    for h in range(2, 6):
+        await index_store.add_blocks(redis, MODEL, "w1", [h], now_ms=h)
+    # a bare stream id (no seq) cannot tell; a cursor can
+    await redis.xtrim(index_store.log_key(MODEL), maxlen=2, approximate=False)
+    with pytest.raises(index_store.IndexLogGap, match=r"entries 2\.\.3 were trimmed"):
+        await index_store.tail(redis, MODEL, behind)
+    _, ops = await index_store.tail(redis, MODEL, behind.partition("@")[0])
+    assert [op.seq for op in ops] == [4, 5]
+
+
+async def test_thousands_of_blocks_in_one_call(redis: aioredis.Redis) -> None:
+    """Lua's unpack() holds a few thousand values: long prompts and batched writes go in chunks."""
+    hashes = list(range(1, 20_001))
+    assert await index_store.add_blocks(redis, MODEL, "w1", hashes, now_ms=1, capacity_blocks=15_000) == 5_000
+    assert len((await index_store.load_snapshot(redis, MODEL))["w1"]) == 15_000
+    assert await index_store.remove_blocks(redis, MODEL, "w1", hashes) == 15_000
 
 
 async def test_tail_blocks_until_an_op_arrives(redis_url: str, redis: aioredis.Redis) -> None:
@@ -84,7 +107,7 @@ async def test_tail_blocks_until_an_op_arrives(redis_url: str, redis: aioredis.R
         waiting = asyncio.ensure_future(index_store.tail(reader, MODEL, cursor, block_ms=5000))
         await index_store.add_blocks(redis, MODEL, "w9", [5], now_ms=1)
         _, ops = await asyncio.wait_for(waiting, 5)
-        assert ops == [IndexOp("add", "w9", (5,))]
+        assert ops == [IndexOp("add", "w9", (5,), seq=1)]
     finally:
         await reader.aclose()
 
