@@ -142,8 +142,9 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def new_response_id(kind: Kind) -> str:
-    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+def new_response_id(kind: Kind, request_id: str | None = None) -> str:
+    """vLLM's body id: "chatcmpl-<request id>" / "cmpl-<request id>", a random one without a request id."""
+    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{request_id or uuid.uuid4().hex}"
 
 
 def sse(payload: Mapping[str, Any]) -> bytes:

@@ -167,14 +167,15 @@ def completion_handler(kind: Kind) -> Callable[[web.Request], Awaitable[web.Stre
             )
         except ApiError as e:
             return error_response(e)
-        external_id = request.headers.get("X-Request-Id") or new_response_id(kind)
-        return await run_completion(request, worker, job, external_id)
+        given_id = request.headers.get("X-Request-Id")
+        response_id = new_response_id(kind, given_id)
+        return await run_completion(request, worker, job, given_id or response_id, response_id)
 
     return handle
 
 
 async def run_completion(
-    request: web.Request, worker: Worker, job: CompletionJob, external_id: str
+    request: web.Request, worker: Worker, job: CompletionJob, external_id: str, response_id: str
 ) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -186,14 +187,14 @@ async def run_completion(
     worker.held[external_id] += 1
     try:
         if job.stream:
-            return await stream_completion(request, worker, job, state, external_id, started)
+            return await stream_completion(request, worker, job, state, external_id, response_id, started)
         await wait_until(state, lambda: state.started or state.failed)
         if not state.failed:
             worker.metrics.ttft.observe(loop.time() - started)
         await wait_until(state, lambda: state.finished)
         if state.failed:
             return error_response(ENGINE_FAILED)
-        body = full_response(job, new_response_id(job.kind), job.max_tokens, state.cached_tokens)
+        body = full_response(job, response_id, job.max_tokens, state.cached_tokens)
         worker.metrics.e2e.observe(loop.time() - started)
         return web.json_response(body, headers={"X-Request-Id": external_id})
     finally:
@@ -217,6 +218,7 @@ async def stream_completion(
     job: CompletionJob,
     state: RequestState,
     external_id: str,
+    response_id: str,
     started: float,
 ) -> web.StreamResponse:
     """SSE as vLLM sends it: headers at once, then chunks from the first token on, one per token."""
@@ -229,7 +231,7 @@ async def stream_completion(
         }
     )
     await response.prepare(request)
-    writer = ChunkWriter(job, new_response_id(job.kind))
+    writer = ChunkWriter(job, response_id)
     try:
         await wait_until(state, lambda: state.started or state.failed)
         if not state.failed:
