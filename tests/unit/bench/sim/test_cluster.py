@@ -17,6 +17,7 @@ from bench.sim.cluster import (
     event_key,
     simulate,
 )
+from bench.sim.load import scale_to_load
 from bench.sim.profiles import load_profile
 from bench.sim.scenarios import build_scenario
 from bench.sim.types import ClusterView, SimRequest
@@ -188,3 +189,30 @@ def test_admission_gate_rejects_and_holds() -> None:
         level += delta
         assert level <= 2
     assert by_id[7].dispatch_s > by_id[7].arrival_s  # type: ignore[operator]
+
+
+class LeastScrapedRunning:
+    """Routes on M only: fewest running + waiting at the last scrape, ties in registry order."""
+
+    name = "least_scraped"
+
+    def route(self, r: SimRequest, cluster: ClusterView, now_s: float) -> str:
+        return min(cluster.worker_ids, key=lambda w: cluster.scraped(w).running + cluster.scraped(w).waiting)
+
+    def on_first_token(self, r: SimRequest, worker_id: str, now_s: float) -> None:
+        pass
+
+    def on_finish(self, r: SimRequest, worker_id: str, now_s: float) -> None:
+        pass
+
+
+def test_scrapes_before_arrivals_only_equal_scrapes_every_period() -> None:
+    reqs, _ = scale_to_load(PROFILE, build_scenario("rag", seed=4, limit=150), 3, 0.9)
+    lazy = simulate(reqs, LeastScrapedRunning(), PROFILE, 3, scrape_period_s=0.05)
+    eager = simulate(reqs, LeastScrapedRunning(), PROFILE, 3, scrape_period_s=0.05, every_scrape=True)
+    assert eager.scrapes > lazy.scrapes
+    assert [r.worker for r in lazy.records] == [r.worker for r in eager.records]
+    for a, b in zip(lazy.records, eager.records, strict=True):
+        assert a.first_token_s == pytest.approx(b.first_token_s, abs=1e-6)
+        assert a.finish_s == pytest.approx(b.finish_s, abs=1e-6)
+    assert len({r.worker for r in lazy.records}) == 3
