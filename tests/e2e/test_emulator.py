@@ -156,14 +156,16 @@ async def test_ttft_grows_with_prompt_length_and_falls_when_the_prefix_is_cached
 async def test_non_stream_response_has_usage_and_cached_tokens_on_repeat() -> None:
     async with emulator() as (url, session):
         bodies = []
-        for _ in range(2):
-            async with session.post(
-                f"{url}/v1/completions", json={"prompt": "x" * 400, "max_tokens": 3}
-            ) as resp:
+        for i in range(2):
+            body = {"prompt": "x" * 400, "max_tokens": 3}
+            headers = {"X-Request-Id": f"req-{i}"}
+            async with session.post(f"{url}/v1/completions", json=body, headers=headers) as resp:
                 assert resp.status == 200
+                assert resp.headers["X-Request-Id"] == f"req-{i}"
                 bodies.append(await resp.json())
         first, second = bodies
         assert first["object"] == "text_completion"
+        assert first["id"] == "cmpl-req-0"  # vLLM's "<prefix>-<request id>"
         assert first["usage"] == {
             "prompt_tokens": 100,
             "total_tokens": 103,
