@@ -1,0 +1,287 @@
+"""Slot leases from the global admission gate: acquire before forwarding, release exactly once after.
+
+`SlotPool` is one gateway process's client of the admission scripts (plugin/scripts.py). `acquire()`
+costs one EVALSHA when a seat is free. Otherwise the request waits in the global queue in Redis: the
+script that frees a seat grants it to the next waiter and PUBLISHes its id; this process keeps one
+pub/sub subscription and wakes the local waiter, with a slow re-check (every `recheck_every_s`) for
+lost messages and for seats freed by expired leases. Held leases are renewed in one round trip per
+model per `renew_every_ms`. A cancelled or timed-out waiter leaves the queue at once, and a grant that
+raced the cancellation is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from plugin.scripts import GRANTED_CHANNEL, AdmissionScripts, quota_key, register_scripts
+from plugin.tasks import cancel_and_wait, spawn
+from policy.admission import AdmitCode, CheckStatus, Quota, estimated_wait_s
+from policy.types import Band
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A request asking for seats."""
+
+    request_id: str
+    model: str
+    band: Band
+    tenant: str
+    seats: int = 1
+    max_wait_s: float = 30.0  # 0 = don't wait: reject at once if no seat is free
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Seats held by a running request; renewed by its SlotPool until released."""
+
+    request_id: str
+    model: str
+    band: Band
+    tenant: str
+    seats: int
+    queued_s: float  # time spent waiting for the grant
+
+
+class AdmissionRejected(Exception):
+    """The gate refused the request; answer `status` with Retry-After: `retry_after_s`."""
+
+    status = 429
+    reason = "quota"
+
+    def __init__(self, message: str, *, retry_after_s: float, est_wait_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.est_wait_s = est_wait_s
+
+
+class QueueFull(AdmissionRejected):
+    reason = "queue_full"
+
+
+class WaitBudgetExceeded(AdmissionRejected):
+    """The request waited its whole budget (the caller picks 429 or 504)."""
+
+    reason = "wait_budget"
+
+
+async def set_quota(redis: aioredis.Redis, model: str, quota: Quota) -> None:
+    """Replace the model's limits at run time; every gateway's next script call uses them."""
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.delete(quota_key(model))
+        pipe.hset(quota_key(model), mapping=quota.to_hash())  # type: ignore[arg-type]
+        await pipe.execute()
+    logger.info("admission quota for model %s set to %s", model, quota.to_hash())
+
+
+async def get_quota(redis: aioredis.Redis, model: str) -> Quota:
+    flat = await redis.hgetall(quota_key(model))
+    return Quota.from_hash({_text(k): _text(v) for k, v in flat.items()})
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class SlotPool:
+    """This gateway's leases and waiters; one per process, shared by every flow."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        *,
+        gateway_id: str,
+        lease_ms: int = 10_000,
+        renew_every_ms: int = 2_000,
+        recheck_every_s: float = 1.0,
+        channel: str = GRANTED_CHANNEL,
+    ) -> None:
+        if renew_every_ms >= lease_ms:
+            raise ValueError(f"renew_every_ms ({renew_every_ms}) must be shorter than lease_ms ({lease_ms})")
+        self.redis = redis
+        self.gateway_id = gateway_id
+        self.lease_ms = lease_ms
+        self.renew_every_ms = renew_every_ms
+        self.recheck_every_s = recheck_every_s
+        self.scripts: AdmissionScripts = register_scripts(redis, channel)
+        self._channel = channel
+        self._held: dict[str, Lease] = {}
+        self._waiters: dict[str, asyncio.Future[None]] = {}
+        self._pubsub: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.leases_lost = 0  # leases that expired before renewal (a stalled loop or Redis outage)
+
+    async def start(self) -> None:
+        self._pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        await self._pubsub.subscribe(self._channel)
+        self._tasks = [
+            spawn(self._listen(), name=f"slots-listen-{self.gateway_id}"),
+            spawn(self._renew_forever(), name=f"slots-renew-{self.gateway_id}"),
+        ]
+
+    async def close(self) -> None:
+        """Stop the background tasks. Held leases are not released: they expire unless renewed."""
+        await cancel_and_wait(*self._tasks)
+        self._tasks = []
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self._pubsub.aclose()
+            self._pubsub = None
+
+    async def __aenter__(self) -> SlotPool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def held(self) -> int:
+        return len(self._held)
+
+    async def snapshot(self, model: str) -> dict[str, Any]:
+        return await self.scripts.snapshot(model)
+
+    async def acquire(self, ticket: Ticket) -> Lease:
+        """Seats for `ticket`, waiting up to its budget. Raises QueueFull, WaitBudgetExceeded or
+        AdmissionRejected (no seat and max_wait_s = 0). Cancellation-safe."""
+        rid = ticket.request_id
+        start = time.monotonic()
+        # register before asking: a grant may be published before the script's reply arrives
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[rid] = granted
+        settled = False  # True once Redis holds neither a lease we do not know of nor a queue entry
+        try:
+            reply = await self.scripts.acquire(
+                ticket.model, rid, ticket.band, ticket.tenant, ticket.seats, self.lease_ms,
+                int(ticket.max_wait_s * 1000), self.gateway_id,
+            )  # fmt: skip
+            est = estimated_wait_s(reply.ahead, reply.capacity, reply.hold_ms / 1000)
+            if reply.code in (AdmitCode.ADMITTED, AdmitCode.ALREADY_HELD):
+                settled = True
+                return self._hold(ticket, reply.seats or ticket.seats, start)
+            if reply.code in (AdmitCode.QUEUE_FULL, AdmitCode.NO_SEAT):
+                settled = True
+                raise _rejection(ticket, reply.code, est)
+            lease = await self._wait(ticket, granted, reply.seats, start, est)
+            settled = True
+            return lease
+        finally:
+            self._waiters.pop(rid, None)
+            if not settled:
+                # cancelled, out of budget or failed while queued (or admitted without our knowing):
+                # leave the queue / release a raced grant, even while this task is being cancelled
+                await _shielded(self._leave(ticket.model, rid))
+
+    async def _wait(
+        self, ticket: Ticket, granted: asyncio.Future[None], seats: int, start: float, est: float
+    ) -> Lease:
+        deadline = start + ticket.max_wait_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(asyncio.shield(granted), min(remaining, self.recheck_every_s))
+                return self._hold(ticket, seats, start)
+            except TimeoutError:
+                check = await self.scripts.check(ticket.model, ticket.request_id)
+                if check.status == CheckStatus.HELD:
+                    return self._hold(ticket, seats, start)
+                if check.status == CheckStatus.GONE:
+                    break  # Redis dropped us: our wait budget ran out there first
+                est = estimated_wait_s(check.ahead, check.capacity, check.hold_ms / 1000)
+        raise WaitBudgetExceeded(
+            f"waited {ticket.max_wait_s:g} s for a seat on {ticket.model}", retry_after_s=max(1.0, est),
+            est_wait_s=est,
+        )  # fmt: skip
+
+    def _hold(self, ticket: Ticket, seats: int, start: float) -> Lease:
+        lease = Lease(
+            ticket.request_id, ticket.model, ticket.band, ticket.tenant, seats, time.monotonic() - start
+        )
+        self._held[lease.request_id] = lease
+        return lease
+
+    async def release(self, lease: Lease) -> None:
+        """Give the seats back (one round trip); a second call for the same lease does nothing."""
+        if self._held.pop(lease.request_id, None) is None:
+            return
+        await self.scripts.release(lease.model, lease.request_id)
+
+    async def _leave(self, model: str, rid: str) -> None:
+        reply = await self.scripts.release(model, rid)
+        logger.debug("request %s left admission: %s", rid, reply.code.name)
+
+    async def _listen(self) -> None:
+        """Wake local waiters named in grant messages; reconnects after errors."""
+        while True:
+            try:
+                async for message in self._pubsub.listen():
+                    if message.get("type") == "message":
+                        self._wake(message["data"])
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.warning("admission grant subscription failed; retrying", exc_info=True)
+                await asyncio.sleep(0.5)
+
+    def _wake(self, data: bytes | str) -> None:
+        try:
+            ids = json.loads(data)
+        except ValueError:
+            logger.warning("bad admission grant message: %r", data)
+            return
+        for rid in ids if isinstance(ids, list) else []:
+            future = self._waiters.get(str(rid))
+            if future is not None and not future.done():
+                future.set_result(None)
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.renew_every_ms / 1000)
+            try:
+                await self.renew_now()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.warning("lease renewal failed; retrying next period", exc_info=True)
+
+    async def renew_now(self) -> None:
+        """Renew every held lease: one round trip per model."""
+        by_model: dict[str, list[str]] = defaultdict(list)
+        for lease in list(self._held.values()):
+            by_model[lease.model].append(lease.request_id)
+        for model, rids in by_model.items():
+            reply = await self.scripts.renew(model, rids, self.lease_ms)
+            for rid in reply.lost:
+                if self._held.pop(rid, None) is not None:
+                    self.leases_lost += 1
+                    logger.warning("lease of request %s on %s expired before renewal", rid, model)
+
+
+def _rejection(ticket: Ticket, code: AdmitCode, est: float) -> AdmissionRejected:
+    retry = max(1.0, est)
+    if code == AdmitCode.QUEUE_FULL:
+        band = ticket.band.name.lower()
+        return QueueFull(f"{band} queue of {ticket.model} is full", retry_after_s=retry, est_wait_s=est)
+    return AdmissionRejected(
+        f"no seat free on {ticket.model} and the request would not wait", retry_after_s=retry, est_wait_s=est
+    )
+
+
+async def _shielded(coro: Any) -> None:
+    """Run `coro` to completion even if the caller is being cancelled."""
+    task = spawn(coro, name="slots-leave")
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.shield(task)
