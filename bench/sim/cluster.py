@@ -246,10 +246,16 @@ class _Run:
         self.now = 0.0
         self.engines_at = -math.inf  # every engine has been advanced to this time
         self.finished_since_release = False
+        self.scrape_boundaries: set[int] = set()
 
     def push(self, time_s: float, phase: int, payload: object) -> None:
         heapq.heappush(self.heap, (time_s, phase, self.seq, payload))
         self.seq += 1
+
+    def push_scrape(self, k: int) -> None:
+        if k not in self.scrape_boundaries:
+            self.scrape_boundaries.add(k)
+            self.push(k * self.period, PHASE_SCRAPE, k)
 
     def run(self, every_scrape: bool = False) -> SimResult:
         last_boundary = -1
@@ -257,7 +263,7 @@ class _Run:
             boundary = math.floor(req.arrival_s / self.period)
             first = last_boundary + 1 if every_scrape else boundary
             for k in range(max(first, last_boundary + 1), boundary + 1):
-                self.push(k * self.period, PHASE_SCRAPE, k)
+                self.push_scrape(k)
             last_boundary = max(last_boundary, boundary)
             self.push(req.arrival_s, PHASE_ARRIVAL, req)
         total = len(self.requests)
@@ -278,7 +284,7 @@ class _Run:
                 self.cluster.scrape(now)
                 self.scrapes += 1
                 if self.gate.queued():  # keep ticking while the gate holds requests
-                    self.push((payload + 1) * self.period, PHASE_SCRAPE, payload + 1)  # type: ignore[operator]
+                    self.push_scrape(payload + 1)  # type: ignore[operator]
             else:
                 assert isinstance(payload, SimRequest)
                 self.arrive(payload, now)
@@ -287,7 +293,10 @@ class _Run:
                     self.progress(arrived, total)
             self.release_queued()
             if not self.heap:
-                self.collect(math.inf)  # drain: run every engine to completion
+                if self.gate.queued():
+                    self.push_scrape(math.floor(now / self.period) + 1)
+                else:
+                    self.collect(math.inf)  # drain: run every engine to completion
         return self.result()
 
     def collect(self, until_s: float) -> None:
@@ -335,7 +344,7 @@ class _Run:
         if not self.finished_since_release:
             return
         self.finished_since_release = False
-        at = max(self.now, self.engines_at) if self.engines_at != math.inf else self.now
+        at = self.engines_at if self.engines_at != math.inf else self.now
         for queued in self.gate.release(self.cluster, at):
             self.dispatch(queued, at)
 
