@@ -1,0 +1,93 @@
+"""The emulated vLLM worker's other endpoints: /v1/models, /health, /version, /tokenize, /metrics,
+/reset_prefix_cache, /kvgate/inflight, and FastAPI-style JSON bodies for unknown paths.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from bench.emulator.metrics import render
+from bench.emulator.openai_api import ApiError
+from bench.emulator.tokenizer import TemplateError, render_chat, tokenize
+from bench.emulator.worker import WORKER, error_response, read_json
+
+logger = logging.getLogger(__name__)
+
+
+async def list_models(request: web.Request) -> web.Response:
+    worker = request.app[WORKER]
+    config = worker.config
+    data = [
+        {"id": name, "object": "model", "created": 0, "owned_by": "vllm", "root": config.model,
+         "parent": None, "max_model_len": worker.max_model_len}
+        for name in config.models
+    ]  # fmt: skip
+    return web.json_response({"object": "list", "data": data})
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": "kvgate-emulator"})
+
+
+async def tokenize_endpoint(request: web.Request) -> web.Response:
+    """vLLM's /tokenize: {"prompt": str} or {"messages": [...]} -> {"count", "max_model_len", "tokens"}."""
+    worker = request.app[WORKER]
+    config = worker.config
+    try:
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        if (model := body.get("model")) is not None and model not in config.models:
+            raise ApiError(404, f"The model `{model}` does not exist.", "model")
+        if "messages" in body:
+            try:
+                text = render_chat(body["messages"])
+            except TemplateError as e:
+                raise ApiError(400, str(e), "messages") from None
+        elif isinstance(body.get("prompt"), str):
+            text = body["prompt"]
+        else:
+            raise ApiError(400, "give a prompt string or a messages list", "prompt")
+    except ApiError as e:
+        return error_response(e)
+    tokens = tokenize(text)
+    return web.json_response(
+        {"count": len(tokens), "max_model_len": worker.max_model_len, "tokens": tokens, "token_strs": None}
+    )
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    worker = request.app[WORKER]
+    text = render(worker.config.model, worker.metrics, worker.snapshot())
+    return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    request.app[WORKER].driver.clear_cache()
+    return web.Response(status=200)
+
+
+async def inflight(request: web.Request) -> web.Response:
+    return web.json_response({"request_ids": sorted(request.app[WORKER].held)})
+
+
+@web.middleware
+async def json_not_found(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """FastAPI's JSON bodies for unknown paths and methods, as vLLM answers them."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return web.json_response({"detail": "Not Found"}, status=404)
+    except web.HTTPMethodNotAllowed:
+        return web.json_response({"detail": "Method Not Allowed"}, status=405)
+    except web.HTTPRequestEntityTooLarge as e:
+        return error_response(ApiError(413, f"request body too large: {e.text}"))

@@ -1,0 +1,127 @@
+"""The state of one emulated vLLM worker (config, engine driver, counters) and the HTTP helpers its
+handlers share. bench/emulator/server.py assembles the app; completions.py and endpoints.py hold handlers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from bench.emulator.driver import EngineDriver
+from bench.emulator.kv_events import BlockCatalog, KvEventPublisher
+from bench.emulator.metrics import EngineSnapshot, RequestMetrics
+from bench.emulator.openai_api import ApiError
+from bench.emulator.tokenizer import full_block_keys
+from bench.sim.profiles import EngineProfile, load_profile, scaled
+
+logger = logging.getLogger(__name__)
+
+
+MAX_BODY_BYTES = 64 * 1024 * 1024  # a 128k-token prompt is ~0.5 MB of text; leave room for JSON
+
+
+@dataclass(frozen=True)
+class EmulatorConfig:
+    model: str = "emulated-model"
+    # more names served for the same engine (vLLM --served-model-name)
+    extra_model_names: tuple[str, ...] = ()
+    profile: str = "h100-llama3.1-8b"
+    num_gpu_blocks: int | None = None  # override the profile's KV pool (smaller pools show cache pressure)
+    time_scale: float = 1.0  # wall seconds per virtual second: 0.1 runs 10x faster than the modelled GPU
+    host: str = "127.0.0.1"
+    port: int = 0
+    worker_id: str = "emulator"
+    kv_events_endpoint: str | None = None  # e.g. tcp://127.0.0.1:5557 (bound); None = no KV events
+    kv_events_topic: str | None = None  # default kv@<worker_id>@<model>
+    default_max_tokens: int = 64  # output length when a request gives no max_tokens
+    max_model_len: int = 131_072
+    stream_interval_s: float = 0.02  # decoding streams flush new tokens at most this often (wall)
+
+    def __post_init__(self) -> None:
+        if self.time_scale <= 0:
+            raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks <= 0:
+            raise ValueError(f"num_gpu_blocks must be > 0, got {self.num_gpu_blocks}")
+        if self.default_max_tokens <= 0 or self.max_model_len <= 0:
+            raise ValueError("default_max_tokens and max_model_len must be > 0")
+        if self.stream_interval_s <= 0:
+            raise ValueError(f"stream_interval_s must be > 0, got {self.stream_interval_s}")
+
+    def effective_max_model_len(self, profile: EngineProfile) -> int:
+        """vLLM refuses to start when one max-length request cannot fit its KV pool; the emulator, whose
+        pool is often shrunk on purpose (`num_gpu_blocks`), lowers max_model_len to the pool instead."""
+        return min(self.max_model_len, profile.capacity_tokens)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return (self.model, *self.extra_model_names)
+
+    def engine_profile(self) -> EngineProfile:
+        profile = load_profile(self.profile)
+        if self.num_gpu_blocks is not None:
+            profile = scaled(profile, num_gpu_blocks=self.num_gpu_blocks)
+        return profile
+
+
+@dataclass
+class Worker:
+    """Everything one server holds: the engine driver and what the HTTP layer counts."""
+
+    config: EmulatorConfig
+    profile: EngineProfile
+    driver: EngineDriver
+    metrics: RequestMetrics
+    catalog: BlockCatalog | None  # only with KV events
+    publisher: KvEventPublisher | None
+    held: Counter[str]  # external request ids of the completion requests in flight
+    rng: random.Random
+    max_model_len: int  # the config's, capped to the KV pool
+
+    def engine_blocks(self, tokens: list[int]) -> list[tuple[int, int]]:
+        """(key, tokens) per engine block: full blocks by chained key; the trailing partial block gets a
+        key no other request uses, so it is never a cache hit (vLLM caches full blocks only)."""
+        size = self.profile.block_size
+        keys = full_block_keys(tokens, size)
+        if self.catalog is not None:
+            self.catalog.remember(keys, tokens, size)
+        blocks = [(key, size) for key in keys]
+        if rest := len(tokens) - len(keys) * size:
+            blocks.append((self.rng.getrandbits(64), rest))
+        return blocks
+
+    def snapshot(self) -> EngineSnapshot:
+        engine = self.driver.engine
+        return EngineSnapshot(
+            running=engine.running,
+            waiting=engine.waiting,
+            kv_usage=float(engine.kv_usage),
+            prefix_cache_queries=int(engine.prefix_cache_queries),
+            prefix_cache_hits=int(engine.prefix_cache_hits),
+            num_preemptions=int(engine.num_preemptions),
+            block_size=self.profile.block_size,
+            num_gpu_blocks=self.profile.num_gpu_blocks,
+        )
+
+
+WORKER_CONFIG = web.AppKey("worker_config", EmulatorConfig)
+WORKER = web.AppKey("worker", Worker)
+
+
+ENGINE_FAILED = ApiError(500, "the emulated engine failed; see the worker's log")
+
+
+def error_response(error: ApiError) -> web.Response:
+    return web.json_response(error.body(), status=error.status)
+
+
+async def read_json(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"Invalid JSON body: {e}") from None
