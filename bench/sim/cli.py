@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"kvgate bench sim: error: {e}", file=sys.stderr)
         return 2
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
 
 
 def _main(argv: list[str]) -> int:

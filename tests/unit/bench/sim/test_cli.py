@@ -88,9 +88,11 @@ def test_bad_input_exits_2_with_one_line(
     assert message in err and len(err.splitlines()) == 1
 
 
-def test_list_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_scenarios_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--list-scenarios"]) == 0
     assert "multi_turn" in capsys.readouterr().out
+    assert main(["--help"]) == 0
+    assert "--sweep" in capsys.readouterr().out
 
 
 def test_registry_names_and_lazy_failures() -> None:
