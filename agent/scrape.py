@@ -31,6 +31,8 @@ class Sample:
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+# fast path: one label `name="value"` (value without backslashes) and its separator
+_SIMPLE_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)"\s*(?:,|(?=\}))')
 
 
 def _parse_value(text: str, line_no: int) -> float:
@@ -47,7 +49,14 @@ def _parse_value(text: str, line_no: int) -> float:
 def _parse_labels(line: str, pos: int, line_no: int) -> tuple[dict[str, str], int]:
     """Labels from `line[pos]` == '{' to the closing '}'; returns them and the index after '}'."""
     labels: dict[str, str] = {}
+    start = pos
     pos += 1
+    while match := _SIMPLE_LABEL.match(line, pos):  # common case, ~10x faster than per character
+        labels[match.group(1)] = match.group(2)
+        pos = match.end()
+    if line.startswith("}", pos):
+        return labels, pos + 1
+    labels, pos = {}, start + 1  # escapes or an error: parse character by character
     while True:
         while pos < len(line) and line[pos] in " \t,":
             pos += 1

@@ -74,6 +74,8 @@ def test_parser_handles_comments_labels_escapes_specials_and_timestamps() -> Non
 def test_label_value_may_contain_braces_commas_and_spaces() -> None:
     [sample] = parse_prometheus('m{a="x} ,y=\\"1\\"",b="2"} 3')
     assert sample.labels == {"a": 'x} ,y="1"', "b": "2"}
+    [sample] = parse_prometheus('m{plain="ok", esc="q\\"x", brace="}"} 4')
+    assert sample.labels == {"plain": "ok", "esc": 'q"x', "brace": "}"}
 
 
 @pytest.mark.parametrize(
