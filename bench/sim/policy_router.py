@@ -21,6 +21,7 @@ from policy.index import PrefixIndex
 from policy.kvgate import build_policy
 from policy.profile import RoutingPolicy
 from policy.state import RoutingState
+from policy.types import WorkerView
 
 _DEFAULT_INDEX_BLOCKS = 1 << 20  # until the first request tells the block size
 
@@ -51,15 +52,23 @@ class PolicyRouter:
 
     def route(self, req: SimRequest, cluster: ClusterView, now_s: float) -> str:
         self._size_index(req, cluster)
+        joined = self.state.joined
         views = [
-            dataclasses.replace(
-                v,
+            WorkerView(
+                id=v.id,
                 inflight=self._inflight.get(v.id, 0),
+                running=v.running,
+                waiting=v.waiting,
+                kv_usage=v.kv_usage,
                 pending_prefill_tokens=self._pending_prefill.get(v.id, 0),
+                capacity_tokens=v.capacity_tokens,
+                max_concurrency=v.max_concurrency,
+                joined_s=v.joined_s if v.joined_s > 0 else joined.setdefault(v.id, now_s),
+                healthy=v.healthy,
+                draining=v.draining,
             )
             for v in cluster.worker_views(now_s)
         ]
-        views = self.state.observe_workers(views, now_s)
         view = self.state.prepare(
             request_id=str(req.id),
             prefix_hashes=req.block_ids,
