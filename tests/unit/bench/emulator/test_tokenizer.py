@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.emulator.tokenizer import (
@@ -114,6 +114,7 @@ def test_keys_chain_from_the_root() -> None:
     assert full_block_keys(tokens, 16) == [first, block_key(first, tokens[16:])]
 
 
+@settings(max_examples=60, deadline=None)  # no deadline: CI shares 2 cores
 @given(
     prefix=st.lists(st.integers(0, VOCAB_SIZE - 1), min_size=16, max_size=64),
     tail_a=st.lists(st.integers(0, VOCAB_SIZE - 1), min_size=16, max_size=32),
