@@ -137,8 +137,8 @@ async def test_stream_chunks_and_usage() -> None:
 
 
 async def test_ttft_grows_with_prompt_length_and_falls_when_the_prefix_is_cached() -> None:
-    # modelled prefill: ~32k tokens ≈ 1.3 s on the 8B/H100 profile (0.13 s at scale 0.1); 16 tokens ≈ 1 ms
-    config = replace(CONFIG, time_scale=0.1)
+    # modelled prefill: ~32k tokens ≈ 1.3 s on the 8B/H100 profile (0.26 s at scale 0.2); 16 tokens ≈ 1 ms
+    config = replace(CONFIG, time_scale=0.2)
     long_text = "The quick brown fox jumps over the lazy dog. " * 2800  # ~31.5k tokens
     async with emulator(config) as (url, session):
         short_ttft, _ = await stream_chat(session, url, chat("hi", max_tokens=2, stream=True))
@@ -149,8 +149,8 @@ async def test_ttft_grows_with_prompt_length_and_falls_when_the_prefix_is_cached
     prompt_tokens = warm[-2]["usage"]["prompt_tokens"]
     assert prompt_tokens - 16 < cached <= prompt_tokens  # all full blocks hit
     assert cached % 16 == 0
-    assert cold_ttft > short_ttft + 0.05
-    assert warm_ttft < cold_ttft - 0.05
+    assert cold_ttft > short_ttft + 0.1
+    assert warm_ttft < cold_ttft - 0.1
 
 
 async def test_non_stream_response_has_usage_and_cached_tokens_on_repeat() -> None:
