@@ -56,6 +56,7 @@ class WorkerAgent:
         )
         self.prober = WorkerProbe(config, session)
         self.models: list[str] = [config.model] if config.model else []
+        self.served: list[str] | None = None  # the worker's /v1/models, once read
         self.epochs: dict[str, int] = {}
         self.counts: Counter[str] = Counter()
         self.consumer: KvEventConsumer | None = None
@@ -66,11 +67,17 @@ class WorkerAgent:
     # --- one heartbeat period ---
 
     async def probe(self) -> Probe:
-        """Probe the worker; on first success without --model, learn the models it serves."""
+        """Probe the worker; on first success, learn (or check --model against) the models it serves."""
         probe = await self.prober.probe()
-        if probe.load is not None and not self.models:
-            self.models = await self.prober.worker_models()
+        if probe.load is not None and self.served is None:
+            self.served = await self.prober.worker_models()
             if not self.models:
+                self.models = list(self.served)
+            elif self.served and self.config.model not in self.served:
+                logger.warning("worker %s does not list --model %s in /v1/models (it serves %s)",
+                               self.config.base_url, self.config.model, ", ".join(self.served))  # fmt: skip
+            if not self.models:
+                self.served = None  # try again next period
                 return Probe(healthy=False, load=None)  # cannot register a worker that serves nothing
         return probe
 

@@ -138,11 +138,11 @@ def processes() -> Iterator[Callable[..., subprocess.Popen[str]]]:
             proc.stdout.close()
 
 
-def agent_args(redis_url: str, worker_port: int, *extra: str) -> list[str]:
+def agent_args(redis_url: str, worker_port: int, *extra: str, model: str | None = MODEL) -> list[str]:
     return [
         "agent",
         "--worker-url", f"http://127.0.0.1:{worker_port}",
-        "--model", MODEL,
+        *(["--model", model] if model else []),
         "--worker-id", "w1",
         "--redis", redis_url,
         "--heartbeat-ms", "100",
@@ -232,12 +232,13 @@ async def test_drain_waits_for_in_flight_requests_then_agent_deregisters(
     state = FakeVllm(running=2, inflight=["a", "b"])
     port, agent_port = free_port(), free_port()
     async with serve(stand_in_app(state), port):
-        agent = processes(*agent_args(redis_url, port, "--port", str(agent_port)))
+        # no --model: the agent registers under the models the worker lists in /v1/models
+        agent = processes(*agent_args(redis_url, port, "--port", str(agent_port), model=None))
 
         async def registered() -> bool:
             return await worker(redis) is not None
 
-        await eventually(registered, "registration")
+        await eventually(registered, "registration under the model from /v1/models")
         drain = processes(
             "drain", "w1", "--model", MODEL, "--redis", redis_url, "--wait", "--timeout-s", "20"
         )
