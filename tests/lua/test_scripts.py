@@ -1,0 +1,246 @@
+"""The admission Lua scripts on a real Redis: every return path, expiry, limits and queue order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import redis.asyncio as aioredis
+
+from plugin.scripts import AdmissionScripts, model_keys, quota_key, register_scripts
+from policy.admission import AdmitCode, CheckStatus, Quota, ReleaseCode
+from policy.types import Band
+
+H, N, L = Band.HIGH, Band.NORMAL, Band.LOW
+M = "llama"
+T0 = 1_000_000
+
+
+@pytest.fixture
+def scripts(redis: aioredis.Redis) -> AdmissionScripts:
+    return register_scripts(redis)
+
+
+async def quota(redis: aioredis.Redis, q: Quota, model: str = M) -> None:
+    await redis.hset(quota_key(model), mapping=q.to_hash())
+
+
+async def take(
+    s: AdmissionScripts, rid: str, band: Band = N, tenant: str = "t", seats: int = 1, wait_ms: int = 60_000,
+    now: int = T0, lease_ms: int = 10_000, model: str = M,
+) -> AdmitCode:  # fmt: skip
+    return (await s.acquire(model, rid, band, tenant, seats, lease_ms, wait_ms, "gw", now_ms=now)).code
+
+
+# ---- every return path --------------------------------------------------------------------------
+
+
+async def test_acquire_return_codes(redis: aioredis.Redis, scripts: AdmissionScripts) -> None:
+    await quota(redis, Quota(total=1, queue_max=1))
+    admitted = await scripts.acquire(M, "a", N, "t", 1, 10_000, 0, "gw", now_ms=T0)
+    assert (admitted.code, admitted.seats, admitted.capacity, admitted.now_ms) == (
+        AdmitCode.ADMITTED,
+        1,
+        1,
+        T0,
+    )
+    assert await take(scripts, "a") == AdmitCode.ALREADY_HELD
+    queued = await scripts.acquire(M, "b", N, "t", 1, 10_000, 5000, "gw", now_ms=T0)
+    assert (queued.code, queued.ahead) == (AdmitCode.QUEUED, 0)
+    assert await take(scripts, "b") == AdmitCode.ALREADY_QUEUED
+    assert await take(scripts, "c") == AdmitCode.QUEUE_FULL
+    assert await take(scripts, "d", wait_ms=0) == AdmitCode.NO_SEAT
+    assert (await scripts.snapshot(M, now_ms=T0))["queued"] == {"low": 0, "normal": 1, "high": 0}
+
+
+async def test_release_return_codes_and_grant_is_published(
+    redis: aioredis.Redis, scripts: AdmissionScripts
+) -> None:
+    await quota(redis, Quota(total=1))
+    pubsub = redis.pubsub(ignore_subscribe_messages=True)
+    await pubsub.subscribe(scripts.channel)
+    try:
+        await take(scripts, "a")
+        await take(scripts, "b")
+        await take(scripts, "c")
+        released = await scripts.release(M, "a", now_ms=T0 + 40)
+        assert (released.code, released.granted, released.hold_ms) == (ReleaseCode.RELEASED, ("b",), 40)
+        message = None
+        for _ in range(100):  # poll for the message rather than sleep a fixed time
+            if message := await pubsub.get_message(timeout=0.05):
+                break
+        assert message is not None and json.loads(message["data"]) == ["b"]
+        assert (await scripts.release(M, "c", now_ms=T0 + 50)).code == ReleaseCode.LEFT_QUEUE
+        assert (await scripts.release(M, "c", now_ms=T0 + 50)).code == ReleaseCode.UNKNOWN
+        assert (await scripts.release(M, "never", now_ms=T0 + 50)).code == ReleaseCode.UNKNOWN
+    finally:
+        await pubsub.aclose()
+
+
+async def test_renew_extends_live_leases_and_reports_lost_ones(
+    redis: aioredis.Redis, scripts: AdmissionScripts
+) -> None:
+    await take(scripts, "a", lease_ms=100)
+    await take(scripts, "b", lease_ms=100, now=T0 + 50)
+    reply = await scripts.renew(M, ["a", "b", "ghost"], 1000, now_ms=T0 + 120)
+    assert reply.lost == ("a", "ghost")  # a expired at T0+100
+    assert await redis.zscore(model_keys(M)[1], "b") == T0 + 1120
+
+
+async def test_check_statuses(redis: aioredis.Redis, scripts: AdmissionScripts) -> None:
+    await quota(redis, Quota(total=1))
+    await take(scripts, "a")
+    await take(scripts, "b", band=H)
+    await take(scripts, "c", band=L)
+    assert (await scripts.check(M, "a", now_ms=T0)).status == CheckStatus.HELD
+    low = await scripts.check(M, "c", now_ms=T0)
+    assert (low.status, low.ahead) == (CheckStatus.QUEUED, 1)  # the high waiter is ahead
+    assert (await scripts.check(M, "zz", now_ms=T0)).status == CheckStatus.GONE
+
+
+async def test_snapshot_reports_usage_per_dimension(redis: aioredis.Redis, scripts: AdmissionScripts) -> None:
+    await take(scripts, "a", band=H, tenant="acme", seats=3)
+    await take(scripts, "b", band=L, tenant="bolt")
+    snap = await scripts.snapshot(M, now_ms=T0)
+    assert snap["used"] == {
+        "total": 4,
+        "band": {"low": 1, "normal": 0, "high": 3},
+        "tenant": {"acme": 3, "bolt": 1},
+    }
+    assert snap["leases"] == 2
+
+
+async def test_server_clock_is_used_without_now(redis: aioredis.Redis, scripts: AdmissionScripts) -> None:
+    reply = await scripts.acquire(M, "a", N, "t", 1, 10_000, 0, "gw")
+    server_s, _ = await redis.time()
+    assert abs(reply.now_ms - server_s * 1000) < 5000
+
+
+async def test_recovers_after_script_flush(redis: aioredis.Redis, scripts: AdmissionScripts) -> None:
+    assert await take(scripts, "a") == AdmitCode.ADMITTED
+    await redis.script_flush()
+    assert await take(scripts, "b") == AdmitCode.ADMITTED  # EVALSHA fails, the script is reloaded
+    assert (await scripts.snapshot(M, now_ms=T0))["leases"] == 2
+
+
+# ---- leases, limits, order ----------------------------------------------------------------------
+
+
+async def test_expired_leases_stop_counting(redis: aioredis.Redis, scripts: AdmissionScripts) -> None:
+    await quota(redis, Quota(total=1))
+    await take(scripts, "a", lease_ms=100)
+    assert await take(scripts, "b", wait_ms=0, now=T0 + 99) == AdmitCode.NO_SEAT
+    assert await take(scripts, "b", wait_ms=0, now=T0 + 100) == AdmitCode.ADMITTED
+    assert (await scripts.snapshot(M, now_ms=T0 + 100))["used"]["total"] == 1
+
+
+async def test_models_are_isolated(redis: aioredis.Redis, scripts: AdmissionScripts) -> None:
+    await quota(redis, Quota(total=1), model="a")
+    await quota(redis, Quota(total=1), model="b")
+    assert await take(scripts, "x", model="a") == AdmitCode.ADMITTED
+    assert await take(scripts, "y", model="a", wait_ms=0) == AdmitCode.NO_SEAT
+    assert await take(scripts, "y", model="b", wait_ms=0) == AdmitCode.ADMITTED
+
+
+@pytest.mark.parametrize(
+    ("q", "held", "ask", "code"),
+    [
+        pytest.param(Quota(total=2), [(N, "t", 2)], (N, "u", 1), AdmitCode.NO_SEAT, id="model total"),
+        pytest.param(Quota(tenant=1), [(N, "t", 1)], (N, "t", 1), AdmitCode.NO_SEAT, id="tenant cap"),
+        pytest.param(Quota(tenant=1), [(N, "t", 1)], (N, "u", 1), AdmitCode.ADMITTED, id="other tenant"),
+        pytest.param(Quota(tenants={"t": 2}, tenant=1), [(N, "t", 1)], (N, "t", 1), AdmitCode.ADMITTED,
+                     id="tenant override"),
+        pytest.param(Quota(band={L: 1}), [(L, "t", 1)], (L, "u", 1), AdmitCode.NO_SEAT, id="band nominal"),
+        pytest.param(Quota(band={H: 1, L: 2}, borrow={H: 1}), [(H, "t", 1)], (H, "t", 1), AdmitCode.ADMITTED,
+                     id="high borrows unused low seats"),
+        pytest.param(Quota(band={H: 1, L: 2}, borrow={H: 1}), [(H, "t", 2)], (H, "t", 1), AdmitCode.NO_SEAT,
+                     id="borrowing ceiling"),
+        pytest.param(Quota(band={H: 1, L: 1}, borrow={H: 3}), [(H, "t", 1), (L, "t", 1)], (H, "t", 1),
+                     AdmitCode.NO_SEAT, id="nothing unused to borrow"),
+        pytest.param(Quota(total=2, count_seats=False), [(N, "t", 5)], (N, "t", 5), AdmitCode.ADMITTED,
+                     id="seats off counts requests"),
+    ],
+)  # fmt: skip
+async def test_limits(
+    redis: aioredis.Redis,
+    scripts: AdmissionScripts,
+    q: Quota,
+    held: list[tuple[Band, str, int]],
+    ask: tuple[Band, str, int],
+    code: AdmitCode,
+) -> None:
+    await quota(redis, q)
+    for i, (band, tenant, seats) in enumerate(held):
+        assert await take(scripts, f"held{i}", band, tenant, seats) == AdmitCode.ADMITTED
+    band, tenant, seats = ask
+    assert await take(scripts, "ask", band, tenant, seats, wait_ms=0) == code
+
+
+async def grant_order(scripts: AdmissionScripts, holder: str, start: int, step_ms: int) -> list[str]:
+    """Release the holder, then whoever was granted, one at a time; the order of grants."""
+    order, current, now = [], holder, start
+    while True:
+        granted = (await scripts.release(M, current, now_ms=now)).granted
+        if not granted:
+            return order
+        current = granted[0]
+        order.append(current)
+        now += step_ms
+
+
+async def test_strict_priority_between_bands(redis: aioredis.Redis, scripts: AdmissionScripts) -> None:
+    await quota(redis, Quota(total=1, aging_ms=0))
+    await take(scripts, "run")
+    for rid, band in [("low", L), ("normal", N), ("high", H)]:
+        await take(scripts, rid, band)
+    assert await grant_order(scripts, "run", T0 + 1, 10) == ["high", "normal", "low"]
+
+
+async def test_aging_lets_a_low_waiter_pass_fresh_high_ones(
+    redis: aioredis.Redis, scripts: AdmissionScripts
+) -> None:
+    await quota(redis, Quota(total=1, aging_ms=100))
+    await take(scripts, "run")
+    await take(scripts, "low", L)
+    await take(scripts, "high", H, now=T0 + 250)
+    order = await grant_order(scripts, "run", T0 + 250, 10)
+    assert order == ["low", "high"]  # low waited 2.5 aging periods: priority 2, served earlier than high
+
+
+async def test_tenants_take_turns_inside_a_band(redis: aioredis.Redis, scripts: AdmissionScripts) -> None:
+    await quota(redis, Quota(total=1))
+    await take(scripts, "run")
+    for i in range(4):
+        await take(scripts, f"flood{i}", tenant="flood")
+    await take(scripts, "polite0", tenant="polite", now=T0 + 1)
+    await take(scripts, "polite1", tenant="polite", now=T0 + 1)
+    order = await grant_order(scripts, "run", T0 + 2, 1)
+    assert order == ["flood0", "polite0", "flood1", "polite1", "flood2", "flood3"]
+
+
+async def test_expired_waiter_leaves_the_queue(redis: aioredis.Redis, scripts: AdmissionScripts) -> None:
+    await quota(redis, Quota(total=1))
+    await take(scripts, "run")
+    await take(scripts, "w", wait_ms=100)
+    assert (await scripts.check(M, "w", now_ms=T0 + 100)).status == CheckStatus.GONE
+    assert (await scripts.snapshot(M, now_ms=T0 + 100))["queued"]["normal"] == 0
+
+
+async def test_a_check_grants_seats_freed_by_expired_leases(
+    redis: aioredis.Redis, scripts: AdmissionScripts
+) -> None:
+    await quota(redis, Quota(total=1))
+    await take(scripts, "crashed", lease_ms=100)  # its gateway died: nobody will release it
+    await take(scripts, "w")
+    check = await scripts.check(M, "w", now_ms=T0 + 100)
+    assert (check.status, check.granted) == (CheckStatus.HELD, ("w",))
+
+
+async def test_concurrent_acquires_never_exceed_the_total(
+    redis: aioredis.Redis, scripts: AdmissionScripts
+) -> None:
+    await quota(redis, Quota(total=5))
+    codes = await asyncio.gather(*(take(scripts, f"r{i}", wait_ms=0) for i in range(40)))
+    assert codes.count(AdmitCode.ADMITTED) == 5
+    assert (await scripts.snapshot(M, now_ms=T0))["used"]["total"] == 5
