@@ -3,8 +3,9 @@
     kvgate agent --worker-url http://127.0.0.1:8001 --model NAME --redis redis://127.0.0.1:6379/0 \
         [--worker-id ID] [--heartbeat-ms 1000] [--lease-periods 4] [--kv-events tcp://127.0.0.1:5557]
 
-Exit codes: 0 drained (deregistered after its requests finished) or stopped by SIGTERM/SIGINT
-(the worker is deregistered), 2 bad arguments. See docs/AGENT.md.
+Exit codes: 0 drained (deregistered after its requests finished) or stopped by SIGTERM/SIGINT (the
+worker is deregistered); 1 internal error (the lease is left to expire); 2 bad arguments.
+See docs/AGENT.md.
 """
 
 from __future__ import annotations

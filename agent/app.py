@@ -182,6 +182,11 @@ class WorkerAgent:
             except (aioredis.RedisError, OSError) as e:
                 self.counts["redis_errors"] += 1
                 logger.warning("agent step failed: %s", e)
+            except Exception:
+                # a bug: exit non-zero (a supervisor restarts the agent) and let the lease expire
+                logger.exception("agent step crashed; exiting")
+                self.exit_code = 1
+                self.done.set()
             remaining = period_s - (time.monotonic() - started)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.done.wait(), max(remaining, 0.0))
@@ -238,6 +243,7 @@ class WorkerAgent:
             ("kv_seq_gaps_total", "counter", kv.seq_gaps, "KV-event sequence gaps."),
             ("kv_missed_batches_total", "counter", kv.missed_batches, "KV-event batches lost in gaps."),
             ("kv_decode_errors_total", "counter", kv.decode_errors, "Undecodable KV-event messages."),
+            ("kv_write_errors_total", "counter", kv.write_errors, "KV-event batches not written to Redis."),
             ("kv_unknown_parent_blocks_total", "counter", unknown_parents,
              "Stored blocks skipped: their parent was stored before the agent subscribed."),
         ]  # fmt: skip

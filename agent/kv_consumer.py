@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 import zmq
 import zmq.asyncio
+from redis.exceptions import RedisError
 
 from agent import index_store
 from agent.kv_events import KvEvent, KvEventDecodeError, RouterKeys, decode_batch
@@ -28,6 +29,7 @@ class KvEventStats:
     batches: int = 0
     events: int = 0
     decode_errors: int = 0
+    write_errors: int = 0
     seq_gaps: int = 0
     missed_batches: int = 0
     clears: int = 0
@@ -86,7 +88,12 @@ class KvEventConsumer:
             logger.info("kv events: subscribed to %s", self.endpoint)
             while True:
                 frames = await sock.recv_multipart()
-                await self.handle_message(frames)
+                try:
+                    await self.handle_message(frames)
+                except (RedisError, OSError) as e:
+                    # the index misses this batch; later removals of its blocks are no-ops
+                    self.stats.write_errors += 1
+                    logger.warning("kv events: index write failed: %s", e)
         finally:
             self.connected = False
             sock.close(linger=0)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.kv_consumer import KvEventStats
 from agent.kv_events import (
@@ -154,3 +156,36 @@ def test_seq_accounting(seqs: list[int], result: list[str | None], gaps: int, mi
     stats = KvEventStats()
     assert [stats.observe_seq(b"t", s) for s in seqs] == result
     assert (stats.seq_gaps, stats.missed_batches) == (gaps, missed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n_tokens=st.integers(0, 120),
+    engine_block=st.sampled_from([4, 8, 16]),
+    router_block=st.sampled_from([4, 8, 16, 32]),
+    batch_sizes=st.lists(st.integers(1, 4), min_size=1, max_size=40),
+)
+def test_router_keys_equal_hashing_the_whole_prompt(
+    n_tokens: int, engine_block: int, router_block: int, batch_sizes: list[int]
+) -> None:
+    """Invariant: however the engine splits a prompt into stored-block events, the router keys added are
+    exactly the chained hashes of the prompt's full router blocks, in order."""
+    tokens = list(range(7, 7 + n_tokens))
+    blocks = len(tokens) // engine_block
+    keys = RouterKeys(MODEL, router_block)
+    added: list[int] = []
+    start, sizes = 0, iter(batch_sizes * (blocks + 1))
+    while start < blocks:
+        count = min(next(sizes), blocks - start)
+        event = KvEvent(
+            "BlockStored",
+            tuple(range(start + 1, start + count + 1)),  # engine hashes: opaque ids
+            start if start else None,
+            tuple(tokens[start * engine_block : (start + count) * engine_block]),
+            engine_block,
+        )
+        change = keys.apply(event)
+        added += change.keys if change else ()
+        start += count
+    covered = tokens[: blocks * engine_block]
+    assert tuple(added) == keys_of(covered, router_block)
