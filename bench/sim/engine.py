@@ -38,7 +38,8 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import accumulate
 
 from bench.sim.profiles import EngineProfile, step_time_ms
 
@@ -84,14 +85,11 @@ class _Req:
 
     def __init__(self, req: EngineRequest, block_size: int) -> None:
         self.id = req.id
-        self.keys = tuple(k for k, _ in req.blocks)
-        self.sizes = tuple(-(-t // block_size) for _, t in req.blocks)
-        cum, total = [], 0
-        for _, t in req.blocks:
-            total += t
-            cum.append(total)
-        self.cum = tuple(cum)
-        self.prompt = total
+        keys, tokens = zip(*req.blocks, strict=True)
+        self.keys: tuple[Hashable, ...] = keys
+        self.sizes = tuple([-(-t // block_size) for t in tokens])  # engine blocks per cache block
+        self.cum = tuple(accumulate(tokens))  # prompt tokens up to and including each block
+        self.prompt: int = self.cum[-1]
         self.output = req.output_tokens
         self.generated = 0  # output tokens produced so far
         self.computed = 0  # tokens of the current prefill in KV (hits included)
@@ -172,8 +170,16 @@ class _Cache:
 
     def take(self, blocks: int) -> None:
         """Allocate engine blocks, evicting least recently used unpinned blocks while short."""
-        while self.free < blocks and self.lru:
-            self._evict_one("removed")
+        if self.free < blocks and self.lru:
+            lru, size, ref, events = self.lru, self.size, self.ref, self.events
+            while self.free < blocks and lru:  # _evict_one, inlined: this loop is the simulator's hottest
+                key = lru.popitem(last=False)[0]
+                freed = size.pop(key)
+                del ref[key]
+                self.evictable -= freed
+                self.free += freed
+                if events is not None:
+                    self._emit("removed", key)
         self.free -= blocks
 
     def _evict_one(self, kind: str) -> None:
@@ -187,6 +193,18 @@ class _Cache:
     def clear(self) -> None:
         while self.lru:
             self._evict_one("cleared")
+
+
+@dataclass(slots=True)
+class _Span:
+    """A run of pure-decode steps of an unchanged batch: step i (from 0) of it lasts first + growth·i ms."""
+
+    clock0: float  # when its first step started
+    first_ms: float
+    growth_ms: float  # f·B: Σctx grows by one token per sequence per step
+    done: int  # steps taken (applied, or committed as the pending step)
+    limit: int  # steps it may take before a request finishes or the KV pool runs short
+    head: _Req | None  # head of the waiting queue, known not to be admissible during the span
 
 
 @dataclass(slots=True)
@@ -216,7 +234,7 @@ class Engine:
         self._clock = 0.0  # when the engine is free to start its next step
         self._private_total = 0
         self._next_event_memo: tuple[float | None] | None = None
-        self._span: tuple[float, float, float, int] | None = None  # (clock, first ms, growth ms, steps)
+        self._span: _Span | None = None  # the run of pure-decode steps in progress
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self.num_preemptions = 0
@@ -302,14 +320,15 @@ class Engine:
         start = step.end_s if step is not None else self._clock
         if left > 1:  # `left - 1` span steps, then the finishing step planned singly
             p = self.profile
-            clock0, first_ms, growth_ms, done = self._span or (
-                start,
-                p.t0_ms
-                + max(p.t_w_ms + p.e_ms_per_seq * batch, p.b_ms_per_token * batch)
-                + p.f_ms_per_ctx_token * ctx,
-                p.f_ms_per_ctx_token * batch,
-                0,
-            )
+            span = self._span
+            if span is None:  # the span _decode_span would open after the pending step, if any
+                first_ms = (
+                    p.t0_ms
+                    + max(p.t_w_ms + p.e_ms_per_seq * batch, p.b_ms_per_token * batch)
+                    + p.f_ms_per_ctx_token * ctx
+                )
+                span = _Span(start, first_ms, p.f_ms_per_ctx_token * batch, 0, 0, None)
+            clock0, first_ms, growth_ms, done = span.clock0, span.first_ms, span.growth_ms, span.done
             total = done + int(left) - 1
             start = clock0 + (total * first_ms + growth_ms * total * (total - 1) / 2) / 1000.0
             ctx += (int(left) - 1) * batch
@@ -478,31 +497,41 @@ class Engine:
         """Apply, in closed form, the longest run of pure-decode steps that ends by `until_s` with no event,
         no KV shortage and no admission; returns the number of steps (0 = take a single step instead)."""
         running = self._running
-        batch = len(running)
-        if batch == 0:
-            return 0
-        steps = math.inf
-        ctx = 0
-        for r in running:
-            if r.computed < r.target:
+        span = self._span
+        if span is None:
+            batch = len(running)
+            if batch == 0:
                 return 0
-            steps = min(steps, r.output - r.generated - 1)  # the finishing step is taken singly
-            ctx += r.prompt + r.generated
-        if self._waiting and self._admission_hit(self._waiting[0], budget_used=batch) is not None:
-            return 0
-        anchor = self._span
-        if anchor is None:  # a new span: later calls continue it from the same anchor, so that the clock
-            p = self.profile  # does not depend on where advance() calls cut the span (look-ahead agrees)
+            steps = math.inf
+            ctx = 0
+            for r in running:
+                if r.computed < r.target:
+                    return 0
+                steps = min(steps, r.output - r.generated - 1)  # the finishing step is taken singly
+                ctx += r.prompt + r.generated
+            head = self._waiting[0] if self._waiting else None
+            if head is not None and self._admission_hit(head, budget_used=batch) is not None:
+                return 0
+            k = int(steps)
+            if k > 0:
+                k = self._steps_without_shortage(k)
+            if k <= 0:
+                return 0
+            # The span's clock is always computed from this anchor, so it does not depend on where advance()
+            # calls cut the span (and next_event_s() agrees with advance() to the bit).
+            p = self.profile
             first_ms = (
                 p.t0_ms
                 + max(p.t_w_ms + p.e_ms_per_seq * batch, p.b_ms_per_token * batch)
                 + p.f_ms_per_ctx_token * ctx
             )
-            anchor = (self._clock, first_ms, p.f_ms_per_ctx_token * batch, 0)  # Σctx grows by B per step
-        clock0, first_ms, growth_ms, done = anchor
-        k = int(steps)  # steps before the first one that finishes a request
-        if k > 0:
-            k = self._steps_without_shortage(k)
+            span = self._span = _Span(self._clock, first_ms, p.f_ms_per_ctx_token * batch, 0, k, head)
+        elif self._waiting and self._waiting[0] is not span.head:  # a new arrival heads the queue
+            if self._admission_hit(self._waiting[0], budget_used=len(running)) is not None:
+                return 0
+            span.head = self._waiting[0]
+        clock0, first_ms, growth_ms, done = span.clock0, span.first_ms, span.growth_ms, span.done
+        k = span.limit - done
         if k <= 0:
             return 0
         within = (
@@ -523,9 +552,8 @@ class Engine:
                 r.generated = g + k
         self._private_total += grown
         self._cache.take(grown)
-        total = done + k
+        total = span.done = done + k
         clock = clock0 + (total * first_ms + growth_ms * total * (total - 1) / 2) / 1000.0
-        self._span = (clock0, first_ms, growth_ms, total)
         if straddles:
             self._pending = _Step(clock, clock - self._clock, list(running), [])
             return 1
@@ -607,22 +635,27 @@ class Engine:
         self.prefix_cache_hits += r.computed
 
     def _cache_computed_blocks(self, r: _Req) -> None:
-        cache = self._cache
-        while r.held < len(r.keys) and r.cum[r.held] <= r.computed:
-            key, size = r.keys[r.held], r.sizes[r.held]
-            r.private -= size
-            self._private_total -= size
+        cache, cum, computed = self._cache, r.cum, r.computed
+        held = start = r.held
+        while held < len(cum) and cum[held] <= computed:
+            key, size = r.keys[held], r.sizes[held]
             if key in cache.size:
                 cache.pin(key)  # computed twice concurrently: share the cached copy, free ours
                 cache.free += size
             else:
                 cache.insert_pinned(key, size)
-            r.held += 1
+            held += 1
+        if held > start:
+            moved = sum(r.sizes[start:held])
+            r.private -= moved
+            self._private_total -= moved
+            r.held = held
 
     def _release(self, r: _Req) -> None:
         cache = self._cache
-        for i in range(r.held - 1, -1, -1):  # tail first: deeper blocks are evicted first on equal recency
-            cache.unpin(r.keys[i])
+        unpin = cache.unpin
+        for key in r.keys[r.held - 1 :: -1] if r.held else ():  # tail first: deeper blocks go first on ties
+            unpin(key)
         cache.free += r.private
         self._private_total -= r.private
         r.private = r.held = 0
@@ -655,6 +688,9 @@ class Engine:
         twin._waiting = deque(copies[id(r)] for r in self._waiting)
         twin._done = OrderedDict()
         twin._buffer = []
+        if self._span is not None:
+            head = self._span.head
+            twin._span = replace(self._span, head=copies.get(id(head)) if head is not None else None)
         if self._pending is not None:
             s = self._pending
             twin._pending = _Step(
