@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 
 from plugin.config import GatewayConfig
 from plugin.mirror import ClusterMirror, wall_ms
-from plugin.scripts import quota_key
+from plugin.slots import set_quota
 from policy.admission import Quota, default_quota
 
 logger = logging.getLogger(__name__)
@@ -43,11 +43,7 @@ def desired_quota(config: GatewayConfig, model: str, concurrencies: Sequence[int
 
 
 async def write_quota(redis: aioredis.Redis, model: str, quota: Quota) -> None:
-    key = quota_key(model)
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.delete(key)
-        pipe.hset(key, mapping=quota.to_hash())  # type: ignore[arg-type]
-        await pipe.execute()
+    await set_quota(redis, model, quota)
 
 
 async def ensure_quotas(

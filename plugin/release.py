@@ -69,11 +69,12 @@ class Release:
         if state is None:
             return
         message = flow.error.msg if flow.error else "error"
-        if state.route is not None and flow.response is None:
-            lowered = message.lower()
-            if any(marker in lowered for marker in CONNECT_FAILURE_MARKERS):
-                self.gate.router_suspect(state.route)
-        status = 499 if "client disconnected" in message.lower() else 502
+        refused = any(marker in message.lower() for marker in CONNECT_FAILURE_MARKERS)
+        if state.route is not None and flow.response is None and refused:
+            self.gate.router_suspect(state.route)
+        lowered = message.lower()
+        gone = "client disconnected" in lowered or (state.route is None and "killed" in lowered)
+        status = 499 if gone else 502  # 499: the client left (nginx's convention)
         self.finish(flow, state, status=status, error=message)
 
     def finish(self, flow: http.HTTPFlow, state: FlowState, *, status: int, error: str) -> None:

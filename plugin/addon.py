@@ -1,0 +1,275 @@
+"""`KvGate`: the kvgate mitmproxy addon — admit, route and account for LLM requests.
+
+One parent addon owns the process-wide parts and the lifecycle; one child per concern runs in order
+on every hook (STYLE §7.3), each failing closed:
+
+    Intake     local endpoints, auth, priority, body limits, model pool, prefix hashes   (intake.py)
+    Admission  global slot lease, queued in priority order across gateways              (admit.py)
+    Dispatch   routing decision from in-memory state, upstream rewrite                 (routing.py)
+    Release    metered streaming, x-kvgate-* headers, release exactly once, record     (release.py)
+
+Options (per-process knobs; everything else is the TOML file, plugin/config.py):
+    kvgate_config     path of the TOML config ("" = defaults)
+    kvgate_redis_url  redis://... ("" = start a private embedded redis-server)
+    kvgate_gateway_id name in leases and decision records ("" = host-pid)
+    kvgate_workers    static worker URLs (no agent): registered and health-checked by this process
+    kvgate_model      model name of the static workers ("" = ask each worker's /v1/models)
+    kvgate_worker_max_concurrency  per static worker (0 = unknown)
+On SIGTERM the gateway drains: new requests get 503, live streams finish (bounded by
+gateway.drain_timeout_ms), then mitmproxy shuts down (MITMPROXY.md §5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from mitmproxy import connection, ctx, exceptions, http
+from redis.exceptions import RedisError
+
+from agent.registry import WorkerRecord
+from plugin.admit import Admission
+from plugin.auth import Auth
+from plugin.config import ConfigError, GatewayConfig, load_config
+from plugin.decision_log import DecisionLog
+from plugin.errors import json_response
+from plugin.intake import Intake
+from plugin.metrics import GatewayMetrics
+from plugin.mirror import ClusterMirror, wall_ms
+from plugin.quotas import ensure_quotas
+from plugin.redis_server import EmbeddedRedis
+from plugin.release import Release
+from plugin.routing import Dispatch, Route, Router
+from plugin.slots import Lease, SlotPool
+from plugin.static_workers import StaticWorkers
+from plugin.tasks import spawn
+
+logger = logging.getLogger(__name__)
+
+SUSPECT_S = 5.0  # a worker that refused a connection is skipped this long (unless it is the only one)
+
+
+class KvGate:
+    """Admit, route and account for LLM requests; children run in order on every hook."""
+
+    def __init__(self) -> None:
+        self.config = GatewayConfig()
+        self.auth = Auth(self.config)
+        self.metrics = GatewayMetrics()
+        self.gateway_id = ""
+        self.redis: aioredis.Redis | None = None
+        self.embedded: EmbeddedRedis | None = None
+        self.pool: SlotPool = None  # type: ignore[assignment]  # set in running()
+        self.mirror: ClusterMirror | None = None
+        self.router = Router(self.config.routing)
+        self.decisions = DecisionLog(None)
+        self.static: StaticWorkers | None = None
+        self.draining = False
+        self.waiters: dict[str, set[asyncio.Task[Any]]] = {}  # client id -> its queued acquisitions
+        self.queued: dict[str, int] = {}  # model -> requests of this process waiting for a slot
+        self.suspects: dict[tuple[str, str], float] = {}  # (model, worker) -> skip until (monotonic)
+        self.releases = 0
+        self._started = False
+        self.addons = [Intake(self), Admission(self), Dispatch(self), Release(self)]
+
+    # -- options and config --------------------------------------------------------------------------
+    def load(self, loader: Any) -> None:
+        loader.add_option("kvgate_config", str, "", "Path of the kvgate TOML config (empty: defaults).")
+        loader.add_option(
+            "kvgate_redis_url",
+            str,
+            "",
+            "Redis URL shared by all gateways (empty: start an embedded redis-server).",
+        )
+        loader.add_option("kvgate_gateway_id", str, "", "This gateway's name (empty: hostname-pid).")
+        loader.add_option(
+            "kvgate_workers",
+            Sequence[str],
+            [],
+            "Static worker URLs (no agent); registered and health-checked here.",
+        )
+        loader.add_option(
+            "kvgate_model", str, "", "Model of the static workers (empty: ask their /v1/models)."
+        )
+        loader.add_option(
+            "kvgate_worker_max_concurrency", int, 0, "Concurrency of each static worker (0: unknown)."
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        if "kvgate_config" in updated:
+            if self._started:
+                raise exceptions.OptionsError(
+                    "kvgate_config cannot change while running; restart the gateway"
+                )
+            try:
+                self.config = load_config(ctx.options.kvgate_config)
+            except ConfigError as e:
+                raise exceptions.OptionsError(f"kvgate config: {e}") from e
+            self.auth = Auth(self.config)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    async def running(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        opts = ctx.options
+        self.gateway_id = opts.kvgate_gateway_id or f"{socket.gethostname()}-{os.getpid()}"
+        url = opts.kvgate_redis_url
+        if not url:
+            self.embedded = EmbeddedRedis().start()
+            url = self.embedded.url
+            logger.info("kvgate: embedded redis-server at %s", url)
+        self.redis = aioredis.Redis.from_url(url)
+        config = self.config
+        self.pool = SlotPool(
+            self.redis, gateway_id=self.gateway_id, lease_ms=config.admission.lease_ms,
+            renew_every_ms=config.admission.renew_every_ms,
+        )  # fmt: skip
+        await self.pool.start()
+        self.router = Router(config.routing, self.redis)
+        await self.router.start()
+        self.decisions = DecisionLog(
+            self.redis if config.decision_log.redis_stream else None,
+            maxlen=config.decision_log.stream_maxlen,
+            to_log=config.decision_log.log,
+        )
+        await self.decisions.start()
+        if opts.kvgate_workers:
+            self.static = StaticWorkers(
+                self.redis, list(opts.kvgate_workers), model=opts.kvgate_model,
+                max_concurrency=opts.kvgate_worker_max_concurrency,
+            )  # fmt: skip
+            await self.static.start()
+        self.mirror = ClusterMirror(
+            self.redis, refresh_ms=config.routing.refresh_ms,
+            on_index_ops=self.router.apply_index_ops, on_worker_reset=self.router.reset_worker,
+            on_refresh=self._on_refresh,
+        )  # fmt: skip
+        await self.mirror.start()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._on_sigterm)
+        logger.info("kvgate: gateway %s running (policy %s)", self.gateway_id, config.routing.policy)
+
+    async def done(self) -> None:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+        for part in (self.mirror, self.static, self.router, self.decisions):
+            if part is not None:
+                with contextlib.suppress(Exception):
+                    await part.close()
+        if self.pool is not None:
+            with contextlib.suppress(Exception):
+                await self.pool.close()
+        if self.redis is not None:
+            with contextlib.suppress(Exception):
+                await self.redis.aclose()
+        if self.embedded is not None:
+            self.embedded.stop()
+            self.embedded = None
+        self._started = False
+
+    def _on_refresh(self, models: Sequence[str]) -> None:
+        if self.redis is not None and self.mirror is not None:
+            spawn(ensure_quotas(self.redis, self.config, self.mirror, models), name="kvgate-ensure-quotas")
+
+    # -- client disconnects while queued -------------------------------------------------------------
+    def client_disconnected(self, client: connection.Client) -> None:
+        for task in self.waiters.pop(client.id, ()):
+            task.cancel()
+
+    # -- shared helpers for the children -------------------------------------------------------------
+    def mirror_workers(self, model: str) -> list[WorkerRecord]:
+        return self.mirror.workers(model) if self.mirror else []
+
+    def routable(self, model: str) -> list[WorkerRecord]:
+        """Live, non-draining workers of `model`, minus recently refused ones (unless none would be left)."""
+        if self.mirror is None:
+            return []
+        workers = self.mirror.routable(model)
+        if self.suspects:
+            now = time.monotonic()
+            ok = [w for w in workers if self.suspects.get((model, w.id), 0.0) <= now]
+            return ok or workers
+        return workers
+
+    def router_suspect(self, route: Route) -> None:
+        self.suspects[(route.model, route.worker.id)] = time.monotonic() + SUSPECT_S
+
+    def release_lease(self, lease: Lease) -> None:
+        self.releases += 1
+        spawn(self._release(lease), name=f"kvgate-release-{lease.request_id}")
+
+    async def _release(self, lease: Lease) -> None:
+        try:
+            await self.pool.release(lease)
+        except (RedisError, OSError) as e:  # the lease expires on its own
+            logger.warning("release of %s failed: %s", lease.request_id, e)
+
+    # -- local endpoints -----------------------------------------------------------------------------
+    async def serve_local(self, endpoint: str) -> http.Response:
+        if endpoint == "models":
+            served = self.mirror.served_models() if self.mirror else []
+            data = [{"id": m, "object": "model", "owned_by": "kvgate", "created": 0} for m in served]
+            return json_response(200, {"object": "list", "data": data})
+        if endpoint == "healthz":
+            return await self.health()
+        return http.Response.make(
+            200, (await self.render_metrics()).encode(), {"content-type": "text/plain; version=0.0.4"}
+        )
+
+    async def health(self) -> http.Response:
+        redis_ok = False
+        if self.redis is not None:
+            with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):
+                redis_ok = bool(await asyncio.wait_for(self.redis.ping(), 1.0))
+        live = 0
+        if self.mirror is not None:
+            live = sum(len(self.mirror.routable(m)) for m in self.mirror.models())
+        ok = redis_ok and live > 0 and not self.draining
+        body = {"status": "ok" if ok else "unavailable", "redis": redis_ok, "live_workers": live,
+                "draining": self.draining, "gateway": self.gateway_id}  # fmt: skip
+        return json_response(200 if ok else 503, body)
+
+    async def render_metrics(self) -> str:
+        m = self.metrics
+        m.draining.set(1.0 if self.draining else 0.0)
+        for model, n in self.queued.items():
+            m.queue_length.set(n, model)
+        if self.mirror is not None:
+            now = wall_ms()
+            for model in self.mirror.models():
+                workers = self.mirror.workers(model)
+                live = [w for w in workers if w.lease_expiry_ms > now]
+                m.workers.set(sum(1 for w in live if not w.draining), model, "routable")
+                m.workers.set(sum(1 for w in live if w.draining), model, "draining")
+                m.workers.set(len(workers) - len(live), model, "expired")
+                routing = self.router.models.get(model)
+                if routing is not None:
+                    m.inflight.set(sum(routing.inflight.values()), model)
+        return m.render()
+
+    # -- SIGTERM drain -------------------------------------------------------------------------------
+    def _on_sigterm(self) -> None:
+        if not self.draining:
+            spawn(self.drain(), name="kvgate-drain")
+
+    async def drain(self) -> None:
+        """Refuse new requests, let live ones finish (bounded), then shut mitmproxy down."""
+        self.draining = True
+        deadline = time.monotonic() + self.config.gateway.drain_timeout_ms / 1000
+        logger.info("kvgate: draining (%d requests in flight)", self.inflight())
+        while self.inflight() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        logger.info("kvgate: drained; %d requests still in flight", self.inflight())
+        ctx.master.shutdown()
+
+    def inflight(self) -> int:
+        return sum(sum(r.inflight.values()) for r in self.router.models.values()) + sum(self.queued.values())

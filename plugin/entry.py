@@ -1,0 +1,20 @@
+"""The `mitmdump -s` script.
+
+    mitmdump --mode reverse:http://127.0.0.1:1 -s plugin/entry.py --set kvgate_config=examples/kvgate.toml
+
+mitmdump reloads `-s` scripts when their file changes, into a fresh instance that loses all state;
+production should prefer `kvgate proxy` (plugin/launcher.py), which registers the addon in code.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+try:
+    from plugin.addon import KvGate
+except ImportError:  # run from a checkout without `pip install -e .`: the script dir is plugin/
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from plugin.addon import KvGate
+
+addons = [KvGate()]

@@ -1,0 +1,105 @@
+"""`kvgate proxy`: run mitmdump in reverse mode with the kvgate addon registered in code.
+
+    kvgate proxy [--config FILE] [--listen-host H] [--listen-port P] [--redis URL]
+                 [--worker URL ...] [--model M] [--gateway-id ID] [-- MITMDUMP ARGS...]
+
+`KvGateMaster` adds `KvGate` in its constructor (MITMPROXY.md §5), so `--set kvgate_*` work and no
+script hot-reload can drop the gateway's state. It sets the defaults a gateway needs before the
+command line is parsed (anything after `--` still overrides them): lazy upstream connections, a long
+idle timeout for silent generations, no onboarding app, no public-IP block, a private writable
+confdir, and a request body limit above the config's own (so kvgate answers most oversize bodies
+with its JSON 413). With no --redis the addon starts an embedded redis-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from mitmproxy import options
+from mitmproxy.tools import cmdline
+from mitmproxy.tools.dump import DumpMaster
+from mitmproxy.tools.main import run
+
+from plugin.addon import KvGate
+from plugin.config import ConfigError, load_config
+
+FALLBACK_UPSTREAM = "http://127.0.0.1:1"  # never used: every request is answered or rerouted
+IDLE_TIMEOUT_S = 3600
+
+
+class KvGateMaster(DumpMaster):
+    """mitmdump with the kvgate addon built in and gateway-friendly defaults."""
+
+    def __init__(self, opts: options.Options, **kwargs: object) -> None:
+        super().__init__(opts, **kwargs)  # type: ignore[arg-type]
+        self.addons.add(KvGate())
+        defaults: dict[str, object] = {
+            "connection_strategy": "lazy",
+            "onboarding": False,
+            "block_global": False,
+            "flow_detail": 0,
+        }
+        if "tcp_timeout" in opts:
+            defaults["tcp_timeout"] = IDLE_TIMEOUT_S
+        else:  # mitmproxy 11: the idle timeout is a module constant
+            import mitmproxy.proxy.server as server
+
+            server.TCP_TIMEOUT = IDLE_TIMEOUT_S  # type: ignore[attr-defined]
+        opts.update(**defaults)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvgate proxy", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="", help="kvgate TOML config (see examples/kvgate.toml)")
+    parser.add_argument("--listen-host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--listen-port", type=int, default=8080, help="port to listen on (default 8080)")
+    parser.add_argument("--redis", default="", help="Redis URL shared by gateways (default: embedded redis)")
+    parser.add_argument("--worker", action="append", default=[], help="static worker URL (repeatable)")
+    parser.add_argument("--model", default="", help="model of the static workers (default: their /v1/models)")
+    parser.add_argument(
+        "--worker-max-concurrency", type=int, default=0, help="per static worker (0: unknown)"
+    )
+    parser.add_argument("--gateway-id", default="", help="this gateway's name (default hostname-pid)")
+    parser.add_argument("--confdir", default="", help="mitmproxy confdir (default: a private temp dir)")
+    parser.add_argument("mitmdump_args", nargs="*", help="after --: extra mitmdump arguments")
+    return parser
+
+
+def mitmdump_args(args: argparse.Namespace, confdir: str) -> list[str]:
+    max_body = load_config(args.config).limits.max_body_bytes
+    sets = {
+        "confdir": confdir,
+        "body_size_limit": str(2 * max_body),
+        "kvgate_config": args.config,
+        "kvgate_redis_url": args.redis,
+        "kvgate_gateway_id": args.gateway_id,
+        "kvgate_model": args.model,
+        "kvgate_worker_max_concurrency": str(args.worker_max_concurrency),
+    }
+    out = ["--mode", f"reverse:{FALLBACK_UPSTREAM}", "--listen-host", args.listen_host,
+           "--listen-port", str(args.listen_port)]  # fmt: skip
+    for key, value in sets.items():
+        out += ["--set", f"{key}={value}"]
+    for url in args.worker:
+        out += ["--set", f"kvgate_workers={url}"]
+    return out + list(args.mitmdump_args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        load_config(args.config)
+    except ConfigError as e:
+        print(f"kvgate proxy: invalid config: {e}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="kvgate-mitm-") as tmp:
+        confdir = args.confdir or str(Path(tmp) / "confdir")
+        run(KvGateMaster, cmdline.mitmdump, mitmdump_args(args, confdir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""The KvGate addon's hooks in `taddons` with a real Redis: options, refusals, rerouting, release.
+
+No sockets to workers are opened: hooks are called directly (MITMPROXY.md §6), the worker registry
+is written with agent.registry, and the slot pool is the real one on the test Redis.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from mitmproxy import exceptions, http
+from mitmproxy.test import taddons, tflow, tutils
+
+from agent import registry
+from agent.registry import WorkerRecord
+from plugin.addon import KvGate
+from plugin.context import state_of
+from plugin.mirror import wall_ms
+from plugin.quotas import write_quota
+from policy.admission import Quota
+
+MODEL = "m"
+
+
+def request_flow(
+    body: bytes | dict[str, object] | None = None,
+    *,
+    path: str = "/v1/chat/completions",
+    method: str = "POST",
+    headers: dict[str, str] | None = None,
+) -> http.HTTPFlow:
+    if body is None:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    flow = tflow.tflow(
+        req=tutils.treq(
+            method=method.encode(),
+            path=path.encode(),
+            content=content,
+            headers=http.Headers(host="gateway", content_type="application/json", **(headers or {})),
+        )
+    )
+    flow.client_conn.timestamp_end = None  # the client is still connected
+    return flow
+
+
+def error_of(flow: http.HTTPFlow) -> tuple[int, str]:
+    assert flow.response is not None
+    body = json.loads(flow.response.content or b"")
+    return flow.response.status_code, body["error"]["code"]
+
+
+async def run_request(gate: KvGate, flow: http.HTTPFlow) -> None:
+    """The request hook of the parent and then each child, in order (as mitmproxy's traverse does)."""
+    for addon in gate.addons:
+        hook = getattr(addon, "request", None)
+        if hook is not None:
+            await hook(flow)
+
+
+@pytest.fixture
+async def gate(redis: aioredis.Redis, redis_url: str, tmp_path: Path) -> AsyncIterator[KvGate]:
+    config = tmp_path / "kvgate.toml"
+    config.write_text(
+        '[auth]\nenabled = false\n[tenants.gold]\napi_keys = ["k-gold"]\nmax_band = "high"\n'
+        '[tenants.batch]\napi_keys = ["k-batch"]\nmax_band = "low"\n'
+        "[decision_log]\nredis_stream = false\n"
+    )
+    now = wall_ms()
+    await registry.register(
+        redis, WorkerRecord(id="w0", model=MODEL, url="http://10.1.2.3:8000"), 60_000, now
+    )
+    await write_quota(redis, MODEL, Quota(total=2, count_seats=False))
+    addon = KvGate()
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, kvgate_config=str(config), kvgate_redis_url=redis_url, kvgate_gateway_id="t")
+        await addon.running()
+        try:
+            yield addon
+        finally:
+            await addon.done()
+
+
+def test_invalid_config_is_an_options_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[limits]\nmax_messages = 0\n")
+    addon = KvGate()
+    with (
+        taddons.context(addon) as tctx,
+        pytest.raises(exceptions.OptionsError, match=r"limits\.max_messages"),
+    ):
+        tctx.configure(addon, kvgate_config=str(bad))
+
+
+async def test_admitted_request_is_rerouted_and_released_once(gate: KvGate) -> None:
+    flow = request_flow(headers={"x-kvgate-priority": "high", "authorization": "Bearer k-gold"})
+    await run_request(gate, flow)
+    assert flow.response is None
+    assert (flow.request.host, flow.request.port, flow.request.scheme) == ("10.1.2.3", 8000, "http")
+    state = state_of(flow)
+    assert state is not None and state.lease is not None and state.route is not None
+    assert flow.request.headers["x-request-id"] == state.request_id
+    assert state.caller is not None and state.caller.tenant == "gold" and state.caller.band.name == "HIGH"
+    assert gate.pool.held() == 1
+    flow.response = tutils.tresp(content=b'{"usage": {"completion_tokens": 3}}')
+    for addon in gate.addons:
+        if hasattr(addon, "responseheaders"):
+            addon.responseheaders(flow)
+    assert flow.response.headers["x-kvgate-worker"] == "w0"
+    for addon in gate.addons:
+        if hasattr(addon, "response"):
+            addon.response(flow)
+    flow.error = tflow.terr("late error")
+    for addon in gate.addons:
+        if hasattr(addon, "error"):
+            addon.error(flow)
+    assert gate.releases == 1  # response and error both fired; released exactly once
+
+
+async def test_client_gone_mid_stream_releases(gate: KvGate) -> None:
+    flow = request_flow()
+    await run_request(gate, flow)
+    assert state_of(flow) is not None and state_of(flow).lease is not None  # type: ignore[union-attr]
+    flow.error = tflow.terr("Client disconnected.")
+    for addon in gate.addons:
+        if hasattr(addon, "error"):
+            addon.error(flow)
+    assert gate.releases == 1
+
+
+async def test_band_is_clamped_for_the_tenant(gate: KvGate) -> None:
+    flow = request_flow(headers={"x-kvgate-priority": "high", "authorization": "Bearer k-batch"})
+    await run_request(gate, flow)
+    state = state_of(flow)
+    assert state is not None and state.caller is not None and state.caller.band.name == "LOW"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status", "code"),
+    [
+        pytest.param({"body": b"{nope"}, 400, "invalid_json", id="malformed JSON"),
+        pytest.param({"body": {"model": MODEL, "messages": "hi"}}, 400, "missing_messages", id="wrong type"),
+        pytest.param(
+            {"body": {"model": "other", "messages": [{"role": "user", "content": "x"}]}},
+            404,
+            "model_not_found",
+            id="unknown model",
+        ),
+        pytest.param({"path": "/v1/embeddings"}, 404, "not_found", id="unknown path"),
+        pytest.param({"path": "/v1/chat/completions", "method": "GET"}, 405, "method_not_allowed", id="GET"),
+        pytest.param(
+            {"headers": {"x-kvgate-priority": "urgent"}}, 400, "invalid_priority", id="bad priority"
+        ),
+        pytest.param(
+            {"headers": {"x-kvgate-max-wait-ms": "soon"}}, 400, "invalid_wait_budget", id="bad wait"
+        ),
+    ],
+)
+async def test_refusals_are_json_and_take_no_slot(
+    gate: KvGate, kwargs: dict[str, object], status: int, code: str
+) -> None:
+    flow = request_flow(**kwargs)  # type: ignore[arg-type]
+    await run_request(gate, flow)
+    assert error_of(flow) == (status, code)
+    assert flow.request.host != "10.1.2.3"  # never rerouted to a worker
+    assert gate.pool.held() == 0
+
+
+async def test_full_quota_without_waiting_is_429(gate: KvGate) -> None:
+    held = [request_flow() for _ in range(2)]
+    for flow in held:
+        await run_request(gate, flow)
+    assert gate.pool.held() == 2
+    flow = request_flow(headers={"x-kvgate-max-wait-ms": "0"})
+    await run_request(gate, flow)
+    assert flow.response is not None and flow.response.status_code == 429
+    assert int(flow.response.headers["retry-after"]) >= 1
+    assert "estimated_wait_s" in json.loads(flow.response.content or b"")["error"]
+
+
+async def test_local_endpoints(gate: KvGate) -> None:
+    models = request_flow(path="/v1/models", method="GET", body=b"")
+    await run_request(gate, models)
+    assert models.response is not None
+    assert [m["id"] for m in json.loads(models.response.content or b"")["data"]] == [MODEL]
+    health = request_flow(path="/healthz", method="GET", body=b"")
+    await run_request(gate, health)
+    assert health.response is not None and health.response.status_code == 200
+    metrics = request_flow(path="/metrics", method="GET", body=b"")
+    await run_request(gate, metrics)
+    assert metrics.response is not None and b"kvgate_requests_total" in (metrics.response.content or b"")
+
+
+async def test_draining_gateway_refuses_new_requests(gate: KvGate) -> None:
+    gate.draining = True
+    flow = request_flow()
+    await run_request(gate, flow)
+    assert error_of(flow) == (503, "draining")
+    health = request_flow(path="/healthz", method="GET", body=b"")
+    await run_request(gate, health)
+    assert health.response is not None and health.response.status_code == 503
+
+
+async def test_disconnect_while_queued_leaves_the_queue(gate: KvGate) -> None:
+    import asyncio
+
+    held = [request_flow() for _ in range(2)]
+    for flow in held:
+        await run_request(gate, flow)
+    waiter = request_flow(headers={"x-kvgate-max-wait-ms": "20000"})
+    task = asyncio.ensure_future(run_request(gate, waiter))
+    for _ in range(500):
+        if gate.waiters:
+            break
+        await asyncio.sleep(0.01)
+    assert gate.waiters, "the third request should be queued"
+    gate.client_disconnected(waiter.client_conn)
+    await asyncio.wait_for(task, 5)
+    assert waiter.error is not None and waiter.response is None  # killed: never reaches a worker
+    assert state_of(waiter) is not None and state_of(waiter).lease is None  # type: ignore[union-attr]
+    # a slot freed afterwards is not lost to the departed waiter
+    for addon in gate.addons:
+        if hasattr(addon, "error"):
+            held[0].error = tflow.terr("Client disconnected.")
+            addon.error(held[0])
+    nxt = request_flow(headers={"x-kvgate-max-wait-ms": "5000"})
+    await run_request(gate, nxt)
+    assert nxt.response is None and state_of(nxt).lease is not None  # type: ignore[union-attr]
