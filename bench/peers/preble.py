@@ -14,23 +14,33 @@ of its leaf. Routing of one request (leaf = node where its insert ends):
 * else explore: the least-cost GPU (ties: registry order, numpy argmin);
 * the chosen GPU set is added to the allocation of every node on the leaf's path; the important node's
   3-minute window records the request (count, tokens already in the tree = hits, max_tokens).
-cost(g) = Σ over windowed nodes allocated to g of miss_rate · count · T_prefill(num_tokens, context) /
-          |alloc(node)|  +  median_tpot(g) · Σ active requests on g · mean output length of their node.
-A node leaving the window loses its allocation. TPOT per GPU: median of the last 200, initially 0.15 s.
+cost(g) = Σ over windowed nodes n with g in alloc(n) of
+          miss_rate(n) · count(n) · T_prefill(n.num_tokens, context before n) / |alloc(n)|
+          + ref(n, g) · output_len(n) · median_tpot(g)
+where ref(n, g) = running requests on g whose prompt passes through n (a request counts at every
+windowed node on its path, as upstream), output_len = mean finished output of n's requests, else the
+latest request's max_tokens (= its output_tokens here). A node leaving the window loses its
+allocation. TPOT per GPU: median of the last 200, initially 0.15 s.
 Rebalancing (when the leaf is < 3 nodes below its important node and >= 50 × #GPUs requests were
-routed): GPUs sorted by cost (nodes with >= 2 windowed requests); while the heaviest costs >= 1.5 ×
-the lightest, move large windowed nodes of the heaviest, cheapest first, to the lightest (with their
-subtrees) while that does not invert the two; if only one such node exists it is replicated onto the
-lightest instead, when its mean TTFT in the 2nd half of the window is >= 2 × the 1st half.
-T_prefill: `bench.sim.profiles.prefill_time_s` of profile h100-llama3.1-8b (Preble fits its own
+routed; upstream `handle_important_node_stealing`): GPUs sorted by cost over nodes with >= 2 windowed
+requests; for the heaviest against the lightest, if heaviest >= 1.5 × lightest, move large windowed
+nodes with >= 2 requests off the heaviest, cheapest first, each with its whole subtree, to the lightest
+while the heaviest stays >= lightest + node cost; if only one such node exists it is instead
+replicated onto the lightest when its mean TTFT in the 2nd half of the window is >= 2 × the 1st half;
+then the same for the next pair inward.
+T_prefill: `bench.sim.profiles.prefill_time_s` of profile h100-llama3.1-8b (upstream fits its own
 per-GPU equation; any monotone estimate of the same shape serves).
 
-Deviations, all documented: the upstream rebalancing call is commented out and uses a 15× threshold
-at that commit; PEERS.md's 1.5× and 50 × #GPUs are used (the brief asks for rebalancing on). With
-several allocated GPUs upstream returns the argmin *position* as a GPU index (a bug); the GPU itself
-is used here. The decode term counts every active request once, at its important node, instead of
-once per windowed node it passes through. The optional eviction term is off (upstream default).
-Costs are maintained incrementally per GPU, so `route` does not scan the window.
+Deviations: at that commit the upstream rebalancing call is commented out and its threshold is 15×;
+PEERS.md's 1.5× and 50 × #GPUs are used (the issue asks for rebalancing). Rebalancing runs at most
+once per `rebalance_min_interval_s` (1 s) of virtual time instead of after every request, to bound
+the simulation's cost. With several allocated GPUs upstream returns
+the argmin *position* as a GPU index (a bug); the GPU itself is used here. The optional eviction term
+is off (upstream default). Costs are kept incrementally per GPU and subtree moves are applied lazily
+(only windowed nodes are updated at once), so `route` never scans the window or the tree.
+Behaviour to know: on a trace where every prompt shares its first block (Mooncake conversation), that
+block is a large top-level node; when it is stolen, the whole tree is allocated to one GPU, and
+exploit traffic follows it there; `make_router_without_rebalancing` shows the difference.
 """
 
 from __future__ import annotations
@@ -68,7 +78,6 @@ class _Stats:
     out_sum: int = 0
     out_n: int = 0
     in_window: bool = False
-    active: dict[str, int] = field(default_factory=dict)  # gpu -> running requests
     c_prefill: dict[str, float] = field(default_factory=dict)  # contributions added to the GPU sums
     c_min2: bool = False
     c_decode: dict[str, float] = field(default_factory=dict)
@@ -93,6 +102,7 @@ class _Node:
     move_gpu: str = ""
     stats: _Stats | None = None
     windowed: set[_Stats] = field(default_factory=set)  # windowed stats in this subtree, itself included
+    ref: dict[str, int] = field(default_factory=dict)  # gpu -> running requests whose prompt passes here
 
     def is_large(self) -> bool:
         return self.num_tokens > self.context_length - self.num_tokens
@@ -102,6 +112,7 @@ class _Node:
 class _Routed:
     gpu: str
     stats: _Stats
+    leaf: _Node
     routed_s: float
     first_token_s: float | None = None
 
@@ -116,12 +127,14 @@ class PrebleRouter:
         prefill_time: Callable[[int, int], float],
         rebalance_after_per_gpu: int = REBALANCE_AFTER_PER_GPU,
         rebalance_min_interval_s: float = REBALANCE_MIN_INTERVAL_S,
+        rebalance: bool = True,
     ) -> None:
         if rebalance_after_per_gpu < 0 or rebalance_min_interval_s < 0:
             raise ValueError("rebalance_after_per_gpu and rebalance_min_interval_s must be >= 0")
         self.prefill_time = prefill_time  # (new tokens, cached context tokens) -> seconds
         self.rebalance_after_per_gpu = rebalance_after_per_gpu
         self.rebalance_min_interval_s = rebalance_min_interval_s
+        self.rebalance = rebalance
         self.root = _Node(None, [], 0, 0)
         self._where: dict[int, _Node] = {}  # block id -> node whose segment holds it
         self._window: deque[tuple[float, _Stats, int, int]] = deque()
@@ -148,6 +161,7 @@ class PrebleRouter:
         parent = _Node(node.parent, head, head_tokens, node.context_length - node.num_tokens + head_tokens)
         parent.alloc, parent.alloc_seq = set(node.alloc), node.alloc_seq
         parent.windowed = set(node.windowed)
+        parent.ref = dict(node.ref)  # every request through the node also passes its new parent
         node.parent.children[head[0]] = parent
         node.blocks = node.blocks[keep:]
         node.num_tokens -= head_tokens
@@ -241,11 +255,12 @@ class PrebleRouter:
                 if s.c_min2:
                     self._pref2[g] = self._pref2.get(g, 0.0) + v
                 self._gpu_nodes.setdefault(g, set()).add(s)
-        out = s.out_len()
-        for g, a in s.active.items():
-            if a:
-                s.c_decode[g] = a * out
-                self._dec[g] = self._dec.get(g, 0.0) + a * out
+            out = s.out_len()
+            for g in node.alloc:
+                a = node.ref.get(g, 0)
+                if a:
+                    s.c_decode[g] = a * out
+                    self._dec[g] = self._dec.get(g, 0.0) + a * out
 
     def _topt(self, gpu: str) -> float:
         return self._tpot_median.get(gpu, TPOT_INIT_S)
@@ -280,6 +295,9 @@ class PrebleRouter:
     def route(self, req: SimRequest, cluster: ClusterView, now_s: float) -> str:
         self._gpus = list(cluster.worker_ids)
         self._expire(now_s)
+        if not req.block_ids:  # nothing to place in the tree: explore without accounting
+            self.last_mode = "explore"
+            return min(self._gpus, key=self.cost)
         leaf = self._insert(req)
         stats, hops = self._important(leaf)
         path = self._materialize_path(leaf)
@@ -303,18 +321,18 @@ class PrebleRouter:
         stats.prompt_tokens += leaf.context_length
         stats.decode_size = req.output_tokens
         self._set_windowed(stats, True)
-        stats.active[gpu] = stats.active.get(gpu, 0) + 1
         for node in path:
+            node.ref[gpu] = node.ref.get(gpu, 0) + 1
             if not selected <= node.alloc:
                 self._seq += 1
                 node.alloc, node.alloc_seq = node.alloc | selected, self._seq
-                if node.stats is not None and node.stats is not stats:
-                    self._refresh(node.stats)
-        self._refresh(stats)
-        self._routed[req.id] = _Routed(gpu, stats, now_s)
+            if node.stats is not None and node.stats.in_window:
+                self._refresh(node.stats)
+        self._routed[req.id] = _Routed(gpu, stats, leaf, now_s)
         self.routed_total += 1
         if (
-            hops < REBALANCE_MAX_DEPTH
+            self.rebalance
+            and hops < REBALANCE_MAX_DEPTH
             and self.routed_total >= self.rebalance_after_per_gpu * len(self._gpus)
             and now_s >= self._next_rebalance_s
         ):
@@ -332,7 +350,12 @@ class PrebleRouter:
         if r is None:
             return
         s = r.stats
-        s.active[r.gpu] -= 1
+        node: _Node | None = r.leaf
+        while node is not None and node is not self.root:
+            node.ref[r.gpu] -= 1
+            if node.stats is not None and node.stats is not s and node.stats.in_window:
+                self._refresh(node.stats)
+            node = node.parent
         if r.first_token_s is not None:  # upstream: overload detector data point, TPOT history
             q = s.ttft.setdefault(r.gpu, deque())
             q.append((now_s, r.first_token_s - r.routed_s))
@@ -366,7 +389,7 @@ class PrebleRouter:
                 return
             topt = self._topt(heavy)
             cands = [
-                (s.c_prefill.get(heavy, 0.0) + s.active.get(heavy, 0) * s.out_len() * topt, id(s), s)
+                (s.c_prefill.get(heavy, 0.0) + s.c_decode.get(heavy, 0.0) * topt, id(s), s)
                 for s in self._gpu_nodes.get(heavy, ())
                 if s.node.is_large() and s.count > 1
             ]
@@ -397,24 +420,35 @@ class PrebleRouter:
         only windowed descendants, whose allocation carries cost, are updated now."""
         self._seq += 1
         node.move_seq, node.move_gpu = self._seq, gpu
-        node.alloc, node.alloc_seq = {gpu}, self._seq
         target = {gpu}
-        for s in list(node.windowed):
+        for s in list(node.windowed):  # includes the node's own stats when windowed
             unchanged = s.node.alloc == target
             s.node.alloc, s.node.alloc_seq = {gpu}, self._seq
             if not unchanged:
                 self._refresh(s)
+        node.alloc, node.alloc_seq = {gpu}, self._seq
+
+
+def profile_prefill_estimate(profile_name: str = PROFILE) -> Callable[[int, int], float]:
+    """T_prefill(new tokens, cached context) in seconds from an engine calibration profile."""
+    profile = load_profile(profile_name)
+
+    def estimate(new_tokens: int, ctx_tokens: int) -> float:
+        return prefill_time_s(profile, new_tokens, ctx_tokens)
+
+    return estimate
 
 
 def make_router(seed: int) -> PrebleRouter:
     """Preble E2 with rebalancing; deterministic (`seed` unused), prefill estimate from h100-llama3.1-8b."""
     del seed
-    profile = load_profile(PROFILE)
+    return PrebleRouter(profile_prefill_estimate())
 
-    def estimate(new_tokens: int, ctx_tokens: int) -> float:
-        return prefill_time_s(profile, new_tokens, ctx_tokens)
 
-    return PrebleRouter(estimate)
+def make_router_without_rebalancing(seed: int) -> PrebleRouter:
+    """Preble E2 as at upstream commit 0c962c4c, where the rebalancing call is commented out."""
+    del seed
+    return PrebleRouter(profile_prefill_estimate(), rebalance=False)
 
 
 def gpus_of(router: PrebleRouter, block_ids: Sequence[int]) -> set[str]:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bench.peers.preble import TPOT_INIT_S, PrebleRouter, gpus_of, make_router
+from bench.sim.types import SimRequest
 from tests.unit.bench.peers.fake_cluster import FakeCluster, request
 
 
@@ -113,3 +116,73 @@ def test_single_hot_node_is_replicated_when_its_ttft_doubles(late_ttft_s: float,
         rid += 1
     r.route(request([1, 2, 3, 4, 999], rid=rid), TWO, 120.0)  # w1 joins, rebalancing runs
     assert gpus_of(r, [1, 2, 3, 4]) == ({"w0", "w1"} if replicated else {"w0"})
+
+
+def test_a_moved_subtree_takes_existing_branches_with_it() -> None:
+    r = router(rebalance_after_per_gpu=0, rebalance_min_interval_s=0)
+    two_families_on_w0(r)
+    r.route(request([50], rid=10), TWO, 10.0)
+    family = next(f for f in ([1, 2, 3, 4], [20, 21, 22, 23]) if gpus_of(r, f) == {"w1"})
+    # the branch routed before the move (family + one block) was allocated to w0 on its own;
+    # the move re-allocated it with its parent, so its next turn follows to w1
+    assert r.route(request([*family, family[-1] + 1, 77], rid=11), TWO, 11.0) == "w1"
+    assert r.last_mode == "exploit"
+
+
+def test_without_rebalancing_nothing_moves() -> None:
+    r = PrebleRouter(linear_prefill, rebalance_after_per_gpu=0, rebalance_min_interval_s=0, rebalance=False)
+    two_families_on_w0(r)
+    r.route(request([50], rid=10), TWO, 10.0)
+    assert gpus_of(r, [1, 2, 3, 4]) == gpus_of(r, [20, 21, 22, 23]) == {"w0"}
+
+
+def costs_from_scratch(r: PrebleRouter) -> dict[str, float]:
+    """The upstream formula evaluated over the whole tree (what the incremental sums must equal)."""
+    total = dict.fromkeys(r._gpus, 0.0)
+    stack = [r.root]
+    while stack:
+        n = stack.pop()
+        stack.extend(n.children.values())
+        s = n.stats
+        if s is None or not s.in_window or not n.alloc or not s.prompt_tokens:
+            continue
+        miss = 1 - s.hit_tokens / s.prompt_tokens
+        prefill = (
+            miss * s.count * r.prefill_time(n.num_tokens, n.context_length - n.num_tokens) / len(n.alloc)
+        )
+        for g in n.alloc:
+            if g in total:
+                total[g] += prefill + n.ref.get(g, 0) * s.out_len() * r._topt(g)
+    return total
+
+
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 3), min_size=1, max_size=5),  # prompt as a path in a small id space
+            st.floats(0.0, 100.0),  # gap before it arrives
+            st.integers(0, 2),  # how many of the oldest running requests finish first
+        ),
+        min_size=1,
+        max_size=25,
+    )
+)
+@settings(max_examples=60, deadline=None)
+def test_incremental_costs_equal_the_formula_from_scratch(steps: list[tuple[list[int], float, int]]) -> None:
+    r = router(rebalance_after_per_gpu=0, rebalance_min_interval_s=0)
+    cluster = FakeCluster(["w0", "w1", "w2"])
+    running: list[tuple[SimRequest, str]] = []
+    now = 0.0
+    for rid, (digits, gap, finishes) in enumerate(steps):
+        now += gap
+        for req, gpu in running[:finishes]:
+            r.on_first_token(req, gpu, now)
+            r.on_finish(req, gpu, now)
+        del running[:finishes]
+        # chained ids: the id of block i encodes the whole path 0..i
+        ids = [int("1" + "".join(str(d) for d in digits[: i + 1])) for i in range(len(digits))]
+        req = request(ids, rid=rid, output=5)
+        running.append((req, r.route(req, cluster, now)))
+        expected = costs_from_scratch(r)
+        for g in cluster.workers:
+            assert r.cost(g) == pytest.approx(expected[g], abs=1e-6)
