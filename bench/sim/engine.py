@@ -429,41 +429,46 @@ class Engine:
         """Choose the next step's work at its start: decodes, prefill chunks, admissions (vLLM V1 order)."""
         self._span = None
         p = self.profile
-        budget = p.max_num_batched_tokens
+        running, bs = self._running, self._bs
         decodes: list[_Req] = []
+        prefilling: list[_Req] = []
+        decode_ctx = 0
+        preemptions = self.num_preemptions
+        i = 0
+        while i < len(running):  # _grow preempts from the end, never a request already looked at
+            r = running[i]
+            i += 1
+            if r.computed < r.target:
+                prefilling.append(r)
+            elif r.generated % bs or self._grow(r):
+                decodes.append(r)
+                decode_ctx += r.prompt + r.generated
+        budget = p.max_num_batched_tokens - len(decodes)
         prefills: list[tuple[_Req, int]] = []
-        preempted = False
-        for r in list(self._running):
-            if r.state != _RUNNING or r.computed < r.target:
-                continue
-            if r.generated % self._bs == 0 and not self._grow(r):
-                preempted = True
-                continue
-            decodes.append(r)
-        preempted = preempted or any(r.state != _RUNNING for r in decodes)
-        decodes = [r for r in decodes if r.state == _RUNNING]
-        budget -= len(decodes)
-        for r in self._running:
+        new_tokens = 0
+        attn = 0.0
+        for r in prefilling:
             if budget <= 0:
                 break
-            if r.computed < r.target:
-                n = min(r.target - r.computed, budget)
-                prefills.append((r, n))
-                budget -= n
-        if not preempted:
-            while self._waiting and budget > 0 and len(self._running) < p.max_num_seqs:
-                r = self._waiting[0]
+            n = min(r.target - r.computed, budget)
+            prefills.append((r, n))
+            new_tokens += n
+            attn += n * (r.computed + n / 2)
+            budget -= n
+        if self.num_preemptions == preemptions:  # vLLM admits nothing in a step that preempted
+            waiting = self._waiting
+            while waiting and budget > 0 and len(running) < p.max_num_seqs:
+                r = waiting[0]
                 hit = self._admission_hit(r)
                 if hit is None:
                     break
-                self._waiting.popleft()
+                waiting.popleft()
                 self._admit(r, hit)
                 n = min(r.target - r.computed, budget)
                 prefills.append((r, n))
+                new_tokens += n
+                attn += n * (r.computed + n / 2)
                 budget -= n
-        decode_ctx = sum(r.prompt + r.generated for r in decodes)
-        new_tokens = sum(n for _, n in prefills)
-        attn = sum(n * (r.computed + n / 2) for r, n in prefills)
         duration_s = step_time_ms(p, len(decodes), decode_ctx, new_tokens, attn) / 1000.0
         return _Step(start_s + duration_s, duration_s, decodes, prefills)
 
