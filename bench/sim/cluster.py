@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol
+from typing import Protocol, cast
 
 from bench.sim.engine import Engine, EngineRequest, Finished, FirstToken
 from bench.sim.profiles import EngineProfile
@@ -278,7 +278,7 @@ class _Run:
             heapq.heappop(self.heap)
             self.now = now
             if phase == PHASE_ENGINE:
-                wid, event = payload  # type: ignore[misc]
+                wid, event = cast(tuple[str, FirstToken | Finished], payload)
                 self.deliver(wid, event)
             elif phase == PHASE_SCRAPE:
                 self.cluster.scrape(now)

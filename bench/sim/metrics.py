@@ -130,7 +130,7 @@ def load_series(
 
 def compute_metrics(
     result: SimResult, requests: Sequence[SimRequest], profile: EngineProfile
-) -> dict[str, float | dict[str, float] | int]:
+) -> dict[str, object]:
     """The results.json `metrics` object of one run (METRIC_NAMES plus a few extra keys)."""
     records = result.records
     started = [r for r in records if r.first_token_s is not None]

@@ -12,6 +12,7 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bench.sim.runner import PolicyRun
 
@@ -80,7 +81,7 @@ def write_json(path: Path, document: object) -> None:
     path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -185,7 +186,7 @@ def plot_sweep(out_dir: Path, sweep: dict[str, object]) -> Path:
     return _save(fig, out_dir / "sweep_ttft_p99.png", plt)
 
 
-def _save(fig, path: Path, plt) -> Path:  # type: ignore[no-untyped-def]
+def _save(fig: Any, path: Path, plt: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
