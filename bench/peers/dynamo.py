@@ -13,7 +13,7 @@ Router-side load (R): on route `active_prefill_tokens[w] += isl - overlap * bloc
 request's blocks are referenced on w; the first output token subtracts those prefill tokens; the
 finish releases the block references.
 This is the 2025 `scheduler.rs` form that PEERS.md gives; the 2026 selector adds a prefill scale, a
-host/disk overlap credit and a per-request term (defaults keep it close to this form).
+host/disk overlap credit and a per-request term (not modelled here).
 Defaults: `overlap_score_weight` 1.0, `router_temperature` 0.0, block_size 64 (the Dynamo A/B setup,
 ENGINE.md §7), `use_kv_events` true.
 
