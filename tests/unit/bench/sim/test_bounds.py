@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bench.sim.bounds import infinite_cache_hit_rate, pooled_lru_hit_rate, reusable_working_set_tokens
 from bench.sim.traces import load_trace
@@ -69,3 +71,26 @@ def test_real_traces_match_published_bounds(name: str, ideal: float, lru: dict[i
     assert infinite_cache_hit_rate(reqs) == pytest.approx(ideal, abs=0.005)
     for capacity, expected in lru.items():
         assert pooled_lru_hit_rate(reqs, capacity) == pytest.approx(expected, abs=0.005)
+
+
+@st.composite
+def chained_traces(draw: st.DrawFn) -> list[SimRequest]:
+    """Random requests whose block ids follow Mooncake semantics (a trie of prefixes)."""
+    children: dict[tuple[int, int], int] = {}
+    reqs = []
+    for i in range(draw(st.integers(1, 25))):
+        parent, ids = -1, []
+        for branch in draw(st.lists(st.integers(0, 2), min_size=1, max_size=6)):
+            parent = children.setdefault((parent, branch), len(children))
+            ids.append(parent)
+        reqs.append(req(i, tuple(ids)))
+    return reqs
+
+
+@given(chained_traces(), st.integers(0, 30))
+def test_lru_is_bounded_by_the_infinite_cache_and_monotone_in_capacity(
+    trace: list[SimRequest], cap: int
+) -> None:
+    smaller, larger = pooled_lru_hit_rate(trace, cap), pooled_lru_hit_rate(trace, cap + 1)
+    assert 0.0 <= smaller <= larger <= infinite_cache_hit_rate(trace) + 1e-12
+    assert pooled_lru_hit_rate(trace, 10_000) == pytest.approx(infinite_cache_hit_rate(trace))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bench.sim.cluster import RequestRecord, SimResult
 from bench.sim.metrics import (
@@ -132,3 +134,16 @@ def test_load_series_counts_in_flight_requests() -> None:
     series = load_series(records, ["w0", "w1"], samples=4)
     assert series.period_s == 1.0
     assert series.inflight == {"w0": [1, 2, 1, 1], "w1": [0, 0, 0, 0]}
+
+
+@given(
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 6), min_size=1, max_size=4), st.sampled_from("ab-")), max_size=30
+    )
+)
+def test_switch_stats_stay_in_range(rows: list[tuple[list[int], str]]) -> None:
+    requests = [req(i, tuple(ids)) for i, (ids, _) in enumerate(rows)]
+    workers = [None if w == "-" else w for _, w in rows]
+    switches, pairs = switch_stats(requests, workers)
+    assert 0 <= switches <= pairs <= sum(w is not None for w in workers)
+    assert switch_stats(requests, ["a" if w else None for w in workers])[0] == 0  # one worker never switches
