@@ -96,7 +96,7 @@ class _Req:
         self.target = 0  # tokens the current prefill must reach (prompt + generated at admission)
         self.held = 0  # leading prompt blocks this request pins in the cache
         self.private = 0  # engine blocks reserved outside the cache (uncached prompt blocks + decode)
-        self.cached_tokens = 0
+        self.cached_tokens = -1  # set at the first admission, as vLLM's num_cached_tokens
         self.first_done = False
         self.state = _WAITING
 
@@ -373,7 +373,13 @@ class Engine:
         """Leading blocks present in the prefix cache now. Accepts EngineRequest.blocks-style (key, tokens)
         pairs or bare keys; a bare key must not itself be a (hashable, int) pair (use cached_prefix_keys)."""
         if blocks and isinstance(blocks[0], tuple) and len(blocks[0]) == 2 and isinstance(blocks[0][1], int):
-            return self.cached_prefix_keys([b[0] for b in blocks])  # type: ignore[index]
+            size = self._cache.size
+            n = 0
+            for pair in blocks:
+                if pair[0] not in size:  # type: ignore[index]
+                    break
+                n += 1
+            return n
         return self.cached_prefix_keys(blocks)
 
     def cached_prefix_keys(self, keys: Sequence[Hashable]) -> int:
@@ -630,7 +636,8 @@ class Engine:
         r.held = hit
         r.computed = r.cum[hit - 1] if hit else 0
         r.target = r.prompt + r.generated
-        r.cached_tokens = r.computed
+        if r.cached_tokens < 0:
+            r.cached_tokens = r.computed
         r.private = sum(r.sizes[hit:]) + -(-(r.generated + 1) // self._bs)
         self._private_total += r.private
         cache.take(r.private)
