@@ -40,6 +40,7 @@ from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
+from typing import cast
 
 from bench.sim.profiles import EngineProfile, step_time_ms
 
@@ -134,9 +135,13 @@ class _Cache:
         self.pinned = 0  # engine blocks held by pinned cached keys
         self.events: list[tuple[str, list[Hashable]]] | None = [] if record else None
 
-    def clone(self) -> _Cache:
+    def overlay(self) -> _Cache:
+        """A copy-on-write view for look-ahead: reads fall through to this cache, which it never changes
+        (so next_event_s() costs what the look-ahead touches, not the cache size)."""
         twin = _Cache.__new__(_Cache)
-        twin.size, twin.ref, twin.lru = self.size.copy(), self.ref.copy(), self.lru.copy()
+        twin.size = cast(dict[Hashable, int], _MapOverlay(self.size))
+        twin.ref = cast(dict[Hashable, int], _MapOverlay(self.ref))
+        twin.lru = cast("OrderedDict[Hashable, None]", _LruOverlay(self.lru))
         twin.free, twin.evictable, twin.pinned, twin.events = self.free, self.evictable, self.pinned, None
         return twin
 
@@ -193,6 +198,71 @@ class _Cache:
     def clear(self) -> None:
         while self.lru:
             self._evict_one("cleared")
+
+
+class _MapOverlay:
+    """The dict operations _Cache uses, over a base dict that stays untouched."""
+
+    __slots__ = ("base", "gone", "local")
+
+    def __init__(self, base: dict[Hashable, int]) -> None:
+        self.base, self.local, self.gone = base, dict[Hashable, int](), set[Hashable]()
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.local or (key in self.base and key not in self.gone)
+
+    def __getitem__(self, key: Hashable) -> int:
+        if key in self.local:
+            return self.local[key]
+        if key in self.gone:
+            raise KeyError(key)
+        return self.base[key]
+
+    def __setitem__(self, key: Hashable, value: int) -> None:
+        self.local[key] = value
+
+    def __delitem__(self, key: Hashable) -> None:
+        if key not in self:
+            raise KeyError(key)
+        self.local.pop(key, None)
+        if key in self.base:
+            self.gone.add(key)
+
+    def pop(self, key: Hashable) -> int:
+        value = self[key]
+        del self[key]
+        return value
+
+
+class _LruOverlay:
+    """The OrderedDict operations _Cache uses on its LRU queue, over a base queue that stays untouched:
+    base keys in order minus those taken out, then keys appended since."""
+
+    __slots__ = ("base", "gone", "order", "tail")
+
+    def __init__(self, base: OrderedDict[Hashable, None]) -> None:
+        self.base, self.gone = base, set[Hashable]()
+        self.order = iter(base)
+        self.tail: OrderedDict[Hashable, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.base) - len(self.gone) + len(self.tail)
+
+    def __setitem__(self, key: Hashable, value: None) -> None:
+        self.tail[key] = value  # only keys not in the queue are appended
+
+    def __delitem__(self, key: Hashable) -> None:
+        if key in self.tail:
+            del self.tail[key]
+        else:
+            self.gone.add(key)
+
+    def popitem(self, last: bool = True) -> tuple[Hashable, None]:
+        for key in self.order:
+            if key not in self.gone:
+                self.gone.add(key)
+                return key, None
+        return self.tail.popitem(last=False)
 
 
 @dataclass(slots=True)
@@ -693,7 +763,7 @@ class Engine:
         """An independent copy for look-ahead (no KV events, no memory of finished requests)."""
         twin = Engine.__new__(Engine)
         twin.__dict__.update(self.__dict__)
-        twin._cache = self._cache.clone()
+        twin._cache = self._cache.overlay()
         copies = {id(r): r.copy() for r in self._live.values()}
         twin._live = {r.id: copies[id(r)] for r in self._live.values()}
         twin._running = [copies[id(r)] for r in self._running]

@@ -245,6 +245,31 @@ def test_progress_is_monotone_and_ends_at_output_tokens() -> None:
         engine.progress("nobody", 0.0)
 
 
+def test_next_event_look_ahead_leaves_the_engine_untouched() -> None:
+    engine = Engine(tiny(), record_kv_events=True)
+    for rid in range(4):  # fill the cache with unpinned blocks
+        engine.submit(req(rid, [(rid, j) for j in range(4)], 1), engine._clock)
+        run_all(engine)
+    engine.drain_kv_events()
+    engine.submit(req("x", [("x", j) for j in range(12)], 30), engine._clock)  # its admission evicts
+    engine.submit(req("y", [(0, 0), (0, 1), ("y", 2)], 30), engine._clock)  # hits 2 blocks of request 0
+    cache = engine._cache
+    before = (dict(cache.size), dict(cache.ref), list(cache.lru), cache.free, engine.running, engine.waiting)
+    next_s = engine.next_event_s()
+    assert (
+        dict(cache.size),
+        dict(cache.ref),
+        list(cache.lru),
+        cache.free,
+        engine.running,
+        engine.waiting,
+    ) == before
+    assert engine.drain_kv_events() == []
+    events = engine.advance(next_s)
+    assert events and events[0].at_s == next_s
+    assert engine.drain_kv_events()[0][0] == "removed"
+
+
 def test_bad_requests_are_rejected() -> None:
     engine = Engine(H100_8B)
     with pytest.raises(ValueError):
