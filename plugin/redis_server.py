@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -40,10 +41,23 @@ def find_redis_server() -> str:
     return str(bundled)
 
 
+# Below Linux's ephemeral range (32768-60999): a port handed out here cannot be taken a moment
+# later by some other process binding port 0 (an agent's own endpoint, an outgoing connection).
+_PORT_RANGE = (20000, 32700)
+_port_rng = random.Random()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback TCP port that is free now, outside the kernel's ephemeral range."""
+    for _ in range(200):
+        port = _port_rng.randint(*_PORT_RANGE)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RedisServerError(f"no free port in {_PORT_RANGE}")
 
 
 class EmbeddedRedis:
