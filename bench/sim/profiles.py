@@ -142,8 +142,9 @@ def scaled(profile: EngineProfile, **overrides: Any) -> EngineProfile:
     raw = {**fields, **{f"{k}_source": profile.sources.get(k, "override") for k in numbers}}
     for key in overrides:
         if key in numbers:
-            raw[f"{key}_source"] = f"override of {profile.name}"
-    return dataclasses.replace(_parse(raw, f"scaled({profile.name})"), sources=profile.sources)
+            raw[f"{key}_source"] = f"override of {profile.name} ({getattr(profile, key)!r} there)"
+    result = _parse(raw, f"scaled({profile.name})")
+    return dataclasses.replace(result, sources={**profile.sources, **result.sources})
 
 
 def step_time_ms(

@@ -157,7 +157,8 @@ def test_scaled_replaces_and_validates() -> None:
     small = scaled(base, num_gpu_blocks=100, max_num_seqs=4)
     assert isinstance(small, EngineProfile)
     assert (small.num_gpu_blocks, small.max_num_seqs, small.t_w_ms) == (100, 4, base.t_w_ms)
-    assert small.sources == base.sources
+    assert small.sources["num_gpu_blocks"] == "override of h100-llama3.1-8b (27284 there)"
+    assert small.sources["t_w_ms"] == base.sources["t_w_ms"]
     with pytest.raises(ProfileError, match="num_gpu_blocks"):
         scaled(base, num_gpu_blocks=0)
     with pytest.raises(ProfileError, match="nope"):
