@@ -17,15 +17,17 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from policy.admission import AdmitCode, CheckStatus, ReleaseCode
+from policy import keys
+from policy.admission import AdmitCode, CheckStatus, ClaimCode, ReleaseCode
 from policy.keys import PREFIX, model_key
 from policy.types import Band
 
 GRANTED_CHANNEL = f"{PREFIX}:admission:granted"  # one channel for all models; message = JSON list of ids
 
 
-def model_keys(model: str) -> list[str]:
-    """KEYS of every admission script, in the order common.lua expects."""
+def model_keys(model: str, worker: str | None = None) -> list[str]:
+    """KEYS of every admission script, in the order common.lua expects; with a worker (two-step
+    admission), its registration HASH is KEYS[14]."""
     bands = [b.value for b in Band]
     return [
         model_key(model, "quota"),
@@ -37,6 +39,7 @@ def model_keys(model: str) -> list[str]:
         model_key(model, "deadline"),
         model_key(model, "qstate"),
         *(model_key(model, "tags", str(b)) for b in bands),
+        *([keys.worker(model, worker)] if worker else []),
     ]
 
 
@@ -73,6 +76,12 @@ class CheckReply:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimReply:
+    code: ClaimCode
+    granted: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RenewReply:
     lost: tuple[str, ...]
     granted: tuple[str, ...]
@@ -99,7 +108,7 @@ class AdmissionScripts:
     """The admission scripts registered on one client. `now_ms=None` uses the Redis server's clock,
     so gateways with skewed clocks agree on lease expiry; tests pass explicit times."""
 
-    NAMES = ("acquire", "release", "renew", "check", "snapshot")
+    NAMES = ("acquire", "release", "claim", "renew", "check", "snapshot")
 
     def __init__(self, redis: aioredis.Redis, channel: str = GRANTED_CHANNEL) -> None:
         common = importlib.resources.files("plugin").joinpath("lua", "common.lua").read_text(encoding="utf-8")
@@ -108,9 +117,11 @@ class AdmissionScripts:
             name: redis.register_script(_load(f"{name}.lua", common)) for name in self.NAMES
         }
 
-    async def _call(self, name: str, model: str, now_ms: int | None, *args: Any) -> Any:
+    async def _call(
+        self, name: str, model: str, now_ms: int | None, *args: Any, worker: str | None = None
+    ) -> Any:
         argv = [str(now_ms or 0), self.channel, *(str(a) for a in args)]
-        return await self._scripts[name](keys=model_keys(model), args=argv)
+        return await self._scripts[name](keys=model_keys(model, worker), args=argv)
 
     async def acquire(
         self,
@@ -123,10 +134,11 @@ class AdmissionScripts:
         max_wait_ms: int,
         gateway_id: str,
         now_ms: int | None = None,
+        worker: str | None = None,
     ) -> AcquireReply:
-        r = await self._call(
-            "acquire", model, now_ms, request_id, int(band), tenant, seats, lease_ms, max_wait_ms, gateway_id
-        )
+        """With `worker`, also checks that worker's max_concurrency (two-step admission)."""
+        args = (request_id, int(band), tenant, seats, lease_ms, max_wait_ms, gateway_id, worker or "")
+        r = await self._call("acquire", model, now_ms, *args, worker=worker)
         return AcquireReply(
             AdmitCode(int(r[0])), int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), _ids(r[6])
         )
@@ -134,6 +146,11 @@ class AdmissionScripts:
     async def release(self, model: str, request_id: str, now_ms: int | None = None) -> ReleaseReply:
         r = await self._call("release", model, now_ms, request_id)
         return ReleaseReply(ReleaseCode(int(r[0])), int(r[1]), _ids(r[2]))
+
+    async def claim(self, model: str, request_id: str, worker: str, now_ms: int | None = None) -> ClaimReply:
+        """Place a held lease on a worker (step two for a request that was granted after waiting)."""
+        r = await self._call("claim", model, now_ms, request_id, worker, worker=worker)
+        return ClaimReply(ClaimCode(int(r[0])), _ids(r[1]))
 
     async def renew(
         self, model: str, request_ids: Sequence[str], lease_ms: int, now_ms: int | None = None

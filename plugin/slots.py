@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -24,7 +25,7 @@ import redis.asyncio as aioredis
 
 from plugin.scripts import GRANTED_CHANNEL, AdmissionScripts, quota_key, register_scripts
 from plugin.tasks import cancel_and_wait, spawn
-from policy.admission import AdmitCode, CheckStatus, Quota, estimated_wait_s
+from policy.admission import AdmitCode, CheckStatus, ClaimCode, Quota, estimated_wait_s
 from policy.types import Band
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class Lease:
     tenant: str
     seats: int
     queued_s: float  # time spent waiting for the grant
+    worker: str | None = None  # the worker it is placed on (two-step admission), None = not placed
 
 
 class AdmissionRejected(Exception):
@@ -68,6 +70,18 @@ class AdmissionRejected(Exception):
 
 class QueueFull(AdmissionRejected):
     reason = "queue_full"
+
+
+class WorkerFull(AdmissionRejected):
+    """Step two of two-step admission: the chosen worker has no room. Nothing was taken: route to
+    another worker, or acquire without one and wait."""
+
+    status = 503
+    reason = "worker_full"
+
+
+class LeaseLost(Exception):
+    """A lease expired in Redis (not renewed in time): its seats are no longer held."""
 
 
 class WaitBudgetExceeded(AdmissionRejected):
@@ -152,9 +166,13 @@ class SlotPool:
     async def snapshot(self, model: str) -> dict[str, Any]:
         return await self.scripts.snapshot(model)
 
-    async def acquire(self, ticket: Ticket) -> Lease:
+    async def acquire(self, ticket: Ticket, worker: str | None = None) -> Lease:
         """Seats for `ticket`, waiting up to its budget. Raises QueueFull, WaitBudgetExceeded or
-        AdmissionRejected (no seat and max_wait_s = 0). Cancellation-safe."""
+        AdmissionRejected (no seat and max_wait_s = 0). Cancellation-safe.
+
+        With `worker` (the routing choice), the same round trip also checks that worker's capacity and
+        raises WorkerFull if it has none; the lease is placed on it if admitted at once. A request that
+        waited is not placed (lease.worker is None): route it again and call `place()`."""
         rid = ticket.request_id
         start = time.monotonic()
         # register before asking: a grant may be published before the script's reply arrives
@@ -164,13 +182,14 @@ class SlotPool:
         try:
             reply = await self.scripts.acquire(
                 ticket.model, rid, ticket.band, ticket.tenant, ticket.seats, self.lease_ms,
-                int(ticket.max_wait_s * 1000), self.gateway_id,
+                int(ticket.max_wait_s * 1000), self.gateway_id, worker=worker,
             )  # fmt: skip
             est = estimated_wait_s(reply.ahead, reply.capacity, reply.hold_ms / 1000)
             if reply.code in (AdmitCode.ADMITTED, AdmitCode.ALREADY_HELD):
                 settled = True
-                return self._hold(ticket, reply.seats or ticket.seats, start)
-            if reply.code in (AdmitCode.QUEUE_FULL, AdmitCode.NO_SEAT):
+                placed = worker if reply.code == AdmitCode.ADMITTED else None
+                return self._hold(ticket, reply.seats or ticket.seats, start, placed)
+            if reply.code in (AdmitCode.QUEUE_FULL, AdmitCode.NO_SEAT, AdmitCode.WORKER_FULL):
                 settled = True
                 raise _rejection(ticket, reply.code, est)
             lease = await self._wait(ticket, granted, reply.seats, start, est)
@@ -206,12 +225,26 @@ class SlotPool:
             est_wait_s=est,
         )  # fmt: skip
 
-    def _hold(self, ticket: Ticket, seats: int, start: float) -> Lease:
-        lease = Lease(
-            ticket.request_id, ticket.model, ticket.band, ticket.tenant, seats, time.monotonic() - start
-        )
+    def _hold(self, ticket: Ticket, seats: int, start: float, worker: str | None = None) -> Lease:
+        queued_s = time.monotonic() - start
+        lease = Lease(ticket.request_id, ticket.model, ticket.band, ticket.tenant, seats, queued_s, worker)
         self._held[lease.request_id] = lease
         return lease
+
+    async def place(self, lease: Lease, worker: str) -> Lease:
+        """Step two for a lease granted after waiting: place it on `worker` if that worker has room
+        (one round trip). Returns the placed lease; raises WorkerFull (the lease is kept: try another
+        worker) or LeaseLost (it expired meanwhile)."""
+        reply = await self.scripts.claim(lease.model, lease.request_id, worker)
+        if reply.code == ClaimCode.WORKER_FULL:
+            raise WorkerFull(f"worker {worker} is full", retry_after_s=1.0, est_wait_s=0.0)
+        if reply.code == ClaimCode.GONE:
+            self._held.pop(lease.request_id, None)
+            raise LeaseLost(f"lease of {lease.request_id} expired before it was placed")
+        placed = dataclasses.replace(lease, worker=worker)
+        if lease.request_id in self._held:
+            self._held[lease.request_id] = placed
+        return placed
 
     async def release(self, lease: Lease) -> None:
         """Give the seats back (one round trip); a second call for the same lease does nothing."""
@@ -272,6 +305,8 @@ class SlotPool:
 
 def _rejection(ticket: Ticket, code: AdmitCode, est: float) -> AdmissionRejected:
     retry = max(1.0, est)
+    if code == AdmitCode.WORKER_FULL:
+        return WorkerFull(f"the chosen worker for {ticket.model} is full", retry_after_s=1.0, est_wait_s=0.0)
     if code == AdmitCode.QUEUE_FULL:
         band = ticket.band.name.lower()
         return QueueFull(f"{band} queue of {ticket.model} is full", retry_after_s=retry, est_wait_s=est)

@@ -56,6 +56,15 @@ class AdmitCode(IntEnum):
     ALREADY_QUEUED = 4
     NO_SEAT = -1  # nothing free and the request would not wait
     QUEUE_FULL = -2
+    WORKER_FULL = -3  # two-step admission: the chosen worker has no room; nothing taken or queued
+
+
+class ClaimCode(IntEnum):
+    """claim.lua's reply codes (placing a granted lease on a worker)."""
+
+    GONE = 0
+    PLACED = 1
+    WORKER_FULL = -3
 
 
 class ReleaseCode(IntEnum):
@@ -134,6 +143,7 @@ class Usage:
     total: int = 0
     band: Mapping[Band, int] = field(default_factory=dict)
     tenant: Mapping[str, int] = field(default_factory=dict)
+    worker: Mapping[str, int] = field(default_factory=dict)  # requests (not seats) placed per worker
 
 
 # ---- pure rules ---------------------------------------------------------------------------------
@@ -198,6 +208,11 @@ def admissible(quota: Quota, usage: Usage, band: Band, tenant: str, seats: int) 
         and band_ok(quota, usage, band, seats)
         and total_ok(quota, usage, seats)
     )
+
+
+def worker_full(usage: Usage, worker: str, max_concurrency: int) -> bool:
+    """Step two: the worker runs `max_concurrency` requests at once (0 = unknown: never full)."""
+    return max_concurrency > 0 and usage.worker.get(worker, 0) >= max_concurrency
 
 
 def fair_tag(vtime: int, tenant_last_tag: int | None, seats: int) -> int:
@@ -271,6 +286,7 @@ class _Lease:
     tenant: str
     expiry_ms: int
     granted_ms: int
+    worker: str = ""
 
 
 @dataclass(slots=True)
@@ -281,6 +297,7 @@ class _Waiter:
     lease_ms: int
     deadline_ms: int
     tag: int
+    worker: str = ""
 
 
 @dataclass
@@ -299,10 +316,13 @@ class AdmissionState:
     def usage(self) -> Usage:
         band: dict[Band, int] = {}
         tenant: dict[str, int] = {}
+        worker: dict[str, int] = {}
         for lease in self.leases.values():
             band[lease.band] = band.get(lease.band, 0) + lease.seats
             tenant[lease.tenant] = tenant.get(lease.tenant, 0) + lease.seats
-        return Usage(sum(band.values()), band, tenant)
+            if lease.worker:
+                worker[lease.worker] = worker.get(lease.worker, 0) + 1
+        return Usage(sum(band.values()), band, tenant, worker)
 
     def queue(self, band: Band) -> list[str]:
         """Waiting request ids of one band in grant order (fair tag, then id: Redis ZSET order)."""
@@ -315,19 +335,31 @@ class AdmissionState:
         return self.queue(band).index(rid) + higher
 
     def acquire(
-        self, now_ms: int, rid: str, band: Band, tenant: str, seats: int, lease_ms: int, max_wait_ms: int
+        self,
+        now_ms: int,
+        rid: str,
+        band: Band,
+        tenant: str,
+        seats: int,
+        lease_ms: int,
+        max_wait_ms: int,
+        worker: str = "",
+        worker_cap: int = 0,
     ) -> AdmitResult:
+        """Admit at once (on `worker` if given), queue, or reject; see AdmitCode."""
         self._reap(now_ms)
         if rid in self.leases:
             return AdmitResult(AdmitCode.ALREADY_HELD, 0, 0, self._pump(now_ms))
         if rid in self.waiters:
             return AdmitResult(AdmitCode.ALREADY_QUEUED, 0, 0, self._pump(now_ms))
         seats = clamp_seats(seats, self.quota, band, tenant)
+        if worker and worker_full(self.usage(), worker, worker_cap):
+            return AdmitResult(AdmitCode.WORKER_FULL, seats, 0, self._pump(now_ms))
         was_empty = not self.queue(band)
         band_tags = self.tags.setdefault(band, {})
         prev_tag = band_tags.get(tenant)
         tag = fair_tag(self.vtime.get(band, 0), prev_tag, seats)
-        self.waiters[rid] = _Waiter(seats, band, tenant, lease_ms, now_ms + max(max_wait_ms, 0), tag)
+        self.waiters[rid] = _Waiter(seats, band, tenant, lease_ms, now_ms + max(max_wait_ms, 0), tag, worker)
         band_tags[tenant] = tag
         if was_empty:
             self.since[band] = now_ms
@@ -347,7 +379,24 @@ class AdmissionState:
             return AdmitResult(
                 AdmitCode.NO_SEAT if max_wait_ms <= 0 else AdmitCode.QUEUE_FULL, seats, ahead, granted
             )
+        self.waiters[rid].worker = ""  # placed after its grant, when the gateway routes it again
         return AdmitResult(AdmitCode.QUEUED, seats, ahead, granted)
+
+    def claim(
+        self, now_ms: int, rid: str, worker: str, worker_cap: int = 0
+    ) -> tuple[ClaimCode, tuple[str, ...]]:
+        """Place a held lease on `worker` (step two after a wait); returns (code, granted ids)."""
+        self._reap(now_ms)
+        code = ClaimCode.GONE
+        if (lease := self.leases.get(rid)) is not None:
+            if lease.worker == worker:
+                code = ClaimCode.PLACED
+            elif worker_full(self.usage(), worker, worker_cap):
+                code = ClaimCode.WORKER_FULL
+            else:
+                lease.worker = worker
+                code = ClaimCode.PLACED
+        return code, self._pump(now_ms)
 
     def release(self, now_ms: int, rid: str) -> ReleaseResult:
         """End a request wherever it is (lease or queue); idempotent."""
@@ -420,6 +469,6 @@ class AdmissionState:
     def _grant(self, now_ms: int, rid: str) -> None:
         w = self.waiters[rid]
         self._leave(rid)
-        self.leases[rid] = _Lease(w.seats, w.band, w.tenant, now_ms + w.lease_ms, now_ms)
+        self.leases[rid] = _Lease(w.seats, w.band, w.tenant, now_ms + w.lease_ms, now_ms, w.worker)
         self.vtime[w.band] = w.tag
         self.since[w.band] = now_ms

@@ -4,13 +4,16 @@
 -- KEYS (identical for every admission script, built by plugin/scripts.py:model_keys; one hash tag):
 --   KEYS[1]     kvg:{m}:quota     HASH  limits, read on every call (docs/ADMISSION.md); absent = unlimited
 --   KEYS[2]     kvg:{m}:leases    ZSET  request id -> lease expiry (ms)
---   KEYS[3]     kvg:{m}:lease     HASH  request id -> JSON {s seats, b band, t tenant, g granted_ms, w gateway}
---   KEYS[4]     kvg:{m}:used      HASH  seats held by unexpired leases: total, band:<b>, tenant:<t>
+--   KEYS[3]     kvg:{m}:lease     HASH  request id -> JSON {s seats, b band, t tenant, g granted_ms, w gateway,
+--                                       k worker ('' = not placed yet)}
+--   KEYS[4]     kvg:{m}:used      HASH  seats held by unexpired leases: total, band:<b>, tenant:<t>;
+--                                       wreq:<worker> = requests placed on a worker (two-step admission)
 --   KEYS[5..7]  kvg:{m}:queue:<b> ZSET  request id -> fair tag (b = 0 low, 1 normal, 2 high)
 --   KEYS[8]     kvg:{m}:waiter    HASH  request id -> JSON {s, b, t, l lease_ms, w gateway}
 --   KEYS[9]     kvg:{m}:deadline  ZSET  request id -> end of its wait budget (ms)
 --   KEYS[10]    kvg:{m}:qstate    HASH  vtime:<b> (tag of the band's last grant), since:<b>, hold_ms
 --   KEYS[11..13] kvg:{m}:tags:<b> HASH  tenant -> fair tag of its last queued request in band b
+--   KEYS[14]    kvg:{m}:worker:<id> HASH (acquire and claim with a worker only) max_concurrency
 -- ARGV[1] now_ms ("" or 0 = the Redis server's clock)   ARGV[2] pub/sub channel for grants
 -- Every script first reaps expired leases and waiters (so counts only include live entries), does its
 -- own work, then grants freed seats to waiters (pump) and PUBLISHes the granted request ids.
@@ -57,6 +60,13 @@ local function add_usage(l, sign)
   add_used('total', sign * l.s)
   add_used('band:' .. l.b, sign * l.s)
   add_used('tenant:' .. l.t, sign * l.s)
+  if l.k and l.k ~= '' then add_used('wreq:' .. l.k, sign) end
+end
+
+-- step two: the chosen worker's own capacity (max_concurrency from its agent; 0 or absent = unknown)
+local function worker_full(worker)
+  local cap = tonumber(redis.call('HGET', KEYS[14], 'max_concurrency')) or 0
+  return cap > 0 and used('wreq:' .. worker) >= cap
 end
 
 -- a request's seats: at least 1, at most the smallest limit that applies, so it can always run eventually
@@ -120,9 +130,10 @@ end
 
 local function grant(rid, w, tag)
   leave_queue(rid)
+  local l = {s = w.s, b = w.b, t = w.t, g = NOW, w = w.w, k = w.k or ''}
   redis.call('ZADD', K_LEASES, int(NOW + w.l), rid)
-  redis.call('HSET', K_LEASE, rid, cjson.encode({s = w.s, b = w.b, t = w.t, g = NOW, w = w.w}))
-  add_usage(w, 1)
+  redis.call('HSET', K_LEASE, rid, cjson.encode(l))
+  add_usage(l, 1)
   redis.call('HSET', K_QSTATE, 'vtime:' .. w.b, int(tag), 'since:' .. w.b, int(NOW))
 end
 

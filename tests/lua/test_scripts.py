@@ -9,7 +9,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from plugin.scripts import AdmissionScripts, model_keys, quota_key, register_scripts
-from policy.admission import AdmitCode, CheckStatus, Quota, ReleaseCode
+from policy import keys
+from policy.admission import AdmitCode, CheckStatus, ClaimCode, Quota, ReleaseCode
 from policy.types import Band
 
 H, N, L = Band.HIGH, Band.NORMAL, Band.LOW
@@ -244,3 +245,40 @@ async def test_concurrent_acquires_never_exceed_the_total(
     codes = await asyncio.gather(*(take(scripts, f"r{i}", wait_ms=0) for i in range(40)))
     assert codes.count(AdmitCode.ADMITTED) == 5
     assert (await scripts.snapshot(M, now_ms=T0))["used"]["total"] == 5
+
+
+# ---- two-step admission: the chosen worker's own capacity ---------------------------------------
+
+
+async def test_worker_step_holds_a_request_the_global_gate_would_admit(
+    redis: aioredis.Redis, scripts: AdmissionScripts
+) -> None:
+    await redis.hset(keys.worker(M, "w1"), "max_concurrency", 1)
+    first = await scripts.acquire(M, "a", N, "t", 1, 10_000, 0, "gw", now_ms=T0, worker="w1")
+    assert first.code == AdmitCode.ADMITTED
+    full = await scripts.acquire(M, "b", N, "t", 1, 10_000, 5000, "gw", now_ms=T0, worker="w1")
+    assert full.code == AdmitCode.WORKER_FULL
+    snap = await scripts.snapshot(M, now_ms=T0)
+    assert snap["leases"] == 1 and sum(snap["queued"].values()) == 0  # nothing taken, nothing queued
+    other = await scripts.acquire(M, "b", N, "t", 1, 10_000, 5000, "gw", now_ms=T0, worker="w2")
+    assert other.code == AdmitCode.ADMITTED  # re-routed to a worker with room (no capacity known)
+    await scripts.release(M, "a", now_ms=T0)
+    again = await scripts.acquire(M, "c", N, "t", 1, 10_000, 0, "gw", now_ms=T0, worker="w1")
+    assert again.code == AdmitCode.ADMITTED
+
+
+async def test_claim_places_a_lease_granted_after_waiting(
+    redis: aioredis.Redis, scripts: AdmissionScripts
+) -> None:
+    await quota(redis, Quota(total=2))
+    await redis.hset(keys.worker(M, "w1"), "max_concurrency", 1)
+    await scripts.acquire(M, "a", N, "t", 1, 10_000, 0, "gw", now_ms=T0, worker="w1")
+    await take(scripts, "b")
+    assert (await scripts.claim(M, "b", "w1", now_ms=T0)).code == ClaimCode.WORKER_FULL
+    assert (await scripts.claim(M, "b", "w2", now_ms=T0)).code == ClaimCode.PLACED
+    assert (await scripts.claim(M, "b", "w2", now_ms=T0)).code == ClaimCode.PLACED  # again: no-op
+    assert (await scripts.claim(M, "ghost", "w2", now_ms=T0)).code == ClaimCode.GONE
+    used = await redis.hgetall(model_keys(M)[3])
+    assert used[b"wreq:w1"] == b"1" and used[b"wreq:w2"] == b"1"
+    await scripts.release(M, "b", now_ms=T0)
+    assert b"wreq:w2" not in await redis.hgetall(model_keys(M)[3])

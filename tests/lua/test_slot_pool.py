@@ -18,13 +18,16 @@ import redis.asyncio as aioredis
 from plugin.scripts import register_scripts
 from plugin.slots import (
     AdmissionRejected,
+    LeaseLost,
     QueueFull,
     SlotPool,
     Ticket,
     WaitBudgetExceeded,
+    WorkerFull,
     get_quota,
     set_quota,
 )
+from policy import keys
 from policy.admission import Quota
 from policy.types import Band
 
@@ -265,3 +268,26 @@ async def test_quota_change_applies_to_the_next_call(
 def test_renew_period_must_be_shorter_than_the_lease(redis: aioredis.Redis) -> None:
     with pytest.raises(ValueError, match="renew_every_ms"):
         SlotPool(redis, gateway_id="gw", lease_ms=1000, renew_every_ms=1000)
+
+
+async def test_two_step_admission_worker_full_and_place_after_wait(
+    redis: aioredis.Redis, pools: tuple[SlotPool, SlotPool]
+) -> None:
+    a, b = pools
+    await set_quota(redis, M, Quota(total=1))
+    await redis.hset(keys.worker(M, "w1"), "max_concurrency", 1)
+    first = await a.acquire(ticket("a"), worker="w1")
+    assert first.worker == "w1"
+    with pytest.raises(WorkerFull) as info:
+        await b.acquire(ticket("b"), worker="w1")
+    assert info.value.reason == "worker_full"
+    waiter = asyncio.ensure_future(b.acquire(ticket("c"), worker="w2"))  # global quota is full: waits
+    await until(lambda: _queued_one(a))
+    await a.release(first)
+    granted = await waiter
+    assert granted.worker is None  # waited: routed again after the grant, then placed
+    placed = await b.place(granted, "w1")
+    assert placed.worker == "w1"
+    await b.release(placed)
+    with pytest.raises(LeaseLost):
+        await b.place(placed, "w1")

@@ -15,12 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from plugin.scripts import AdmissionScripts, model_keys, quota_key, register_scripts
+from policy import keys
 from policy.admission import AdmissionState, Quota
 from policy.types import Band
 
 MODEL = "m"
 IDS = [f"r{i:02d}" for i in range(10)]
 TENANTS = ["acme", "bolt", "zed"]
+WORKERS = ["w1", "w2"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,13 @@ class Acquire:
     seats: int
     lease_ms: int
     max_wait_ms: int
+    worker: str = ""  # two-step admission when set
+
+
+@dataclass(frozen=True)
+class Claim:
+    rid: str
+    worker: str
 
 
 @dataclass(frozen=True)
@@ -65,7 +74,9 @@ steps = st.one_of(
         st.integers(1, 5),
         st.sampled_from([50, 300, 2000]),
         st.sampled_from([0, 100, 1000, 5000, 5000]),
+        st.sampled_from(["", "", *WORKERS]),
     ),
+    st.builds(Claim, ids, st.sampled_from(WORKERS)),
     st.builds(Release, ids),
     st.builds(Renew, st.lists(ids, max_size=4).map(tuple), st.sampled_from([100, 1000])),
     st.builds(Check, ids),
@@ -105,6 +116,7 @@ def model_state(model: AdmissionState) -> dict[str, object]:
     used = {"total": usage.total} if usage.total else {}
     used |= {f"band:{int(b)}": v for b, v in usage.band.items() if v}
     used |= {f"tenant:{t}": v for t, v in usage.tenant.items() if v}
+    used |= {f"wreq:{w}": v for w, v in usage.worker.items() if v}
     return {
         "leases": {rid: lease.expiry_ms for rid, lease in model.leases.items()},
         "used": used,
@@ -113,15 +125,26 @@ def model_state(model: AdmissionState) -> dict[str, object]:
 
 
 async def apply(
-    scripts: AdmissionScripts, model: AdmissionState, step: object, now: int
+    scripts: AdmissionScripts, model: AdmissionState, step: object, now: int, caps: dict[str, int]
 ) -> tuple[object, object]:
     hold = model.hold_ms or 0
     match step:
-        case Acquire(rid, band, tenant, seats, lease_ms, max_wait_ms):
+        case Acquire(rid, band, tenant, seats, lease_ms, max_wait_ms, worker):
             r = await scripts.acquire(
-                MODEL, rid, band, tenant, seats, lease_ms, max_wait_ms, "gw", now_ms=now
+                MODEL,
+                rid,
+                band,
+                tenant,
+                seats,
+                lease_ms,
+                max_wait_ms,
+                "gw",
+                now_ms=now,
+                worker=worker or None,
             )
-            m = model.acquire(now, rid, band, tenant, seats, lease_ms, max_wait_ms)
+            m = model.acquire(
+                now, rid, band, tenant, seats, lease_ms, max_wait_ms, worker, caps.get(worker, 0)
+            )
             cap = -1 if model.quota.total is None else model.quota.total
             return (r.code, r.seats, r.ahead, r.granted, r.hold_ms, r.capacity, r.now_ms), (
                 m.code, m.seats, m.ahead, m.granted, model.hold_ms or 0, cap, now,
@@ -133,6 +156,9 @@ async def apply(
         case Renew(rids, lease_ms):
             rn = await scripts.renew(MODEL, rids, lease_ms, now_ms=now)
             return (rn.lost, rn.granted), model.renew(now, list(rids), lease_ms)
+        case Claim(rid, worker):
+            rl = await scripts.claim(MODEL, rid, worker, now_ms=now)
+            return (rl.code, rl.granted), model.claim(now, rid, worker, caps.get(worker, 0))
         case Check(rid):
             rc = await scripts.check(MODEL, rid, now_ms=now)
             mc = model.check(now, rid)
@@ -141,12 +167,18 @@ async def apply(
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(quota=quotas, sequence=st.lists(steps, min_size=1, max_size=60))
+@given(
+    quota=quotas,
+    caps=st.fixed_dictionaries({w: st.integers(0, 2) for w in WORKERS}),
+    sequence=st.lists(steps, min_size=1, max_size=60),
+)
 async def test_lua_scripts_and_pure_model_agree(
-    redis: aioredis.Redis, quota: Quota, sequence: list[object]
+    redis: aioredis.Redis, quota: Quota, caps: dict[str, int], sequence: list[object]
 ) -> None:
     await redis.flushdb()
     await redis.hset(quota_key(MODEL), mapping=quota.to_hash())
+    for worker, cap in caps.items():
+        await redis.hset(keys.worker(MODEL, worker), "max_concurrency", cap)
     scripts = register_scripts(redis)
     model = AdmissionState(quota=Quota.from_hash(quota.to_hash()))
     now = 1_000_000
@@ -154,7 +186,7 @@ async def test_lua_scripts_and_pure_model_agree(
         if isinstance(step, Tick):
             now += step.ms
             continue
-        lua, pure = await apply(scripts, model, step, now)
+        lua, pure = await apply(scripts, model, step, now, caps)
         assert lua == pure, f"step {i} {step}: lua {lua} != model {pure}"
         assert await redis_state(redis) == model_state(model), f"state after step {i} {step}"
 
