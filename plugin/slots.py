@@ -164,7 +164,13 @@ class SlotPool:
         return len(self._held)
 
     async def snapshot(self, model: str) -> dict[str, Any]:
-        return await self.scripts.snapshot(model)
+        """The model's admission state (plugin.scripts.AdmissionScripts.snapshot) plus `est_wait_s`, the
+        expected wait of a request arriving now at the back of all queues (the autoscaling signal)."""
+        snap = await self.scripts.snapshot(model)
+        capacity = int(snap["quota"].get("total", -1))
+        queued = sum(snap["queued"].values())
+        snap["est_wait_s"] = estimated_wait_s(queued, capacity, snap["hold_ms"] / 1000) if queued else 0.0
+        return snap
 
     async def acquire(self, ticket: Ticket, worker: str | None = None) -> Lease:
         """Seats for `ticket`, waiting up to its budget. Raises QueueFull, WaitBudgetExceeded or

@@ -17,8 +17,10 @@ Modelled on Kubernetes API Priority and Fairness, for LLM requests that cannot b
 - **Between bands**: strict priority with **aging**. A band's effective priority is
   `band + floor((now - since[b]) / aging_ms)`, where `since[b]` is when the band was last served (or
   became non-empty). Highest wins; ties go to the band served longest ago. So a waiting band is
-  served at least once per `(HIGH - band) * aging_ms` plus one seat turnover: with the default 5 s,
-  a low band at least every ~10 s, which bounds a low request's wait to its fair position × that.
+  served at least once per `max_band_wait_ms` = `(HIGH - band + 1) * aging_ms` plus one seat
+  turnover (it ties with a busy high band after `HIGH - band` periods; one more covers a middle band
+  that waited longer): with the default 5 s, a low band at least every ~15 s, which bounds a low
+  request's wait to its fair position in its band × that.
 - **Grants**: each band offers its first queued request (among the first `SCAN`) whose tenant and
   band limits allow it; the best band's offer is granted if it fits the model total, else nothing
   is granted (seats are kept for it: small requests do not starve big ones).
