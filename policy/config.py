@@ -34,16 +34,27 @@ def _check_range(path: str, value: float, lo: float, hi: float) -> None:
 class TtftModelConfig:
     """Predicted time to first token on a worker (scorers.PredictedTtft)."""
 
-    prefill_tokens_per_s: float = field(default=12_000.0, metadata={"help": "uncached prompt tokens/s"})
-    decode_slowdown: float = field(
-        default=0.01, metadata={"help": "prefill slowdown per running request (chunked prefill shares steps)"}
+    # defaults: Llama-3.1-8B on one H100 (bench/sim/profiles/h100-llama3.1-8b.toml: 22.4 µs/token linear,
+    # 1.06e-6 ms per new×context token of attention, ~7 ms per engine step)
+    prefill_tokens_per_s: float = field(default=44_600.0, metadata={"help": "uncached prompt tokens/s"})
+    attention_s_per_token_ctx: float = field(
+        default=1.06e-9, metadata={"help": "attention time per (new token × context token), seconds"}
     )
-    overhead_s: float = field(default=0.02, metadata={"help": "fixed per-request time (first decode step)"})
+    decode_slowdown: float = field(
+        default=0.005, metadata={"help": "prefill slowdown per in-flight request (decodes share steps)"}
+    )
+    overhead_s: float = field(default=0.01, metadata={"help": "fixed per-request time (first step)"})
+    miss_weight: float = field(
+        default=1.0,
+        metadata={"help": "extra weight of this request's uncached prefill (work others wait for)"},
+    )
 
     def __post_init__(self) -> None:
         _check_range("prefill_tokens_per_s", self.prefill_tokens_per_s, 1.0, 1e8)
+        _check_range("attention_s_per_token_ctx", self.attention_s_per_token_ctx, 0.0, 1e-3)
         _check_range("decode_slowdown", self.decode_slowdown, 0.0, 1.0)
         _check_range("overhead_s", self.overhead_s, 0.0, 60.0)
+        _check_range("miss_weight", self.miss_weight, 0.0, 100.0)
 
 
 @dataclass(frozen=True)

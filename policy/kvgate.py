@@ -3,10 +3,13 @@
     candidates  Eligible (healthy, not draining) → HardOverload (engine slots / KV full)
                 → ReplicaCap (a prefix held by ≥ cap workers stays on them unless hot and overloaded)
                 → StickyHold (within the window a prefix stays on its worker unless overloaded)
-    cost(w)     = TtftModel.ttft_s(w, prompt − effective_hit(w)) × (1 − cold_start(w))
+    cost(w)     = (ttft(w) + miss_weight × own_prefill(w)) × (1 − cold_start(w))
+                  ttft = TtftModel.ttft_s(w, prompt − effective_hit(w)); own_prefill = its uncached part
     winner      = argmin cost, seeded tie-break
 
 effective_hit(w) is the worker's cached prompt prefix, ignored below `min_cache_gain` of the prompt (30 %).
+`miss_weight` charges the uncached prefill a second time: it is work the worker's later requests wait
+for, which a greedy per-request TTFT does not see (keeps hit rates high under load).
 The TTFT model (policy/scorers.py) charges the uncached prefill already queued on the worker plus this
 request's own uncached prefill, slowed by running decodes: it weighs cache against load in one unit
 (seconds), the way Dynamo's cost weighs prefill blocks against decode blocks, instead of mixing unitless
@@ -40,7 +43,9 @@ class KvgatePolicy:
     @property
     def ttft(self) -> PredictedTtft:
         t = self.config.ttft
-        model = TtftModel(t.prefill_tokens_per_s, t.decode_slowdown, t.overhead_s)
+        model = TtftModel(
+            t.prefill_tokens_per_s, t.decode_slowdown, t.overhead_s, t.attention_s_per_token_ctx
+        )
         return PredictedTtft(model=model, min_gain=self.config.min_cache_gain)
 
     def filters(self) -> Sequence[Filter]:
@@ -59,6 +64,7 @@ class KvgatePolicy:
                 window_s=c.sticky.window_s,
                 overload_ttft_s=c.sticky.overload_ttft_s,
                 overload_ratio=c.sticky.overload_ratio,
+                skip_rate_per_s=c.replicas.hot_rate_per_s,
             ),
         )
 
@@ -77,10 +83,12 @@ class KvgatePolicy:
         costs: dict[str, float] = {}
         for w in candidates:
             hit = effective_hit_tokens(req, w.id, c.min_cache_gain)
-            costs[w.id] = ttfts[w.id] * (1.0 - cold[w.id])
+            miss_s = ttft.model.own_prefill_s(req.prompt_tokens - hit, hit)
+            costs[w.id] = (ttfts[w.id] + c.ttft.miss_weight * miss_s) * (1.0 - cold[w.id])
             scores[w.id] = {
                 "prefix-match": hit / prompt,
                 "predicted-ttft": ttfts[w.id],
+                "miss-work": miss_s,
                 "cold-start": cold[w.id],
                 "cost": costs[w.id],
             }

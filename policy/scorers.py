@@ -36,25 +36,32 @@ def effective_hit_tokens(req: RequestView, worker_id: str, min_gain: float) -> i
 
 @dataclass(frozen=True)
 class TtftModel:
-    """Predicted time to first token of `req` on worker `w`, in seconds:
+    """Predicted time to first token of a request on worker `w`, in seconds:
 
-        ttft = overhead_s + (w.pending_prefill_tokens + prompt − hit) / prefill_tokens_per_s
+        own  = u / prefill_tokens_per_s + attention_s_per_token_ctx × u × (hit + u / 2)
+        ttft = overhead_s + (w.pending_prefill_tokens / prefill_tokens_per_s + own)
                             × (1 + decode_slowdown × w.inflight)
 
-    `pending_prefill_tokens` is the uncached prefill already queued on the worker (router-side, R),
-    `prompt − hit` this request's own uncached prefill, and the last factor the share of each engine step
-    taken by running decodes (chunked prefill shares the step budget). Ranges: prefill_tokens_per_s > 0
-    (≈ 10k–50k for an 8B model on one H100), decode_slowdown 0–1 (≈ 0.005–0.05), overhead_s ≥ 0.
+    u = prompt − hit is the request's uncached prefill, `pending_prefill_tokens` the uncached prefill
+    already queued on the worker (router-side, R); attention makes long prompts super-linear; the last
+    factor is the share of each engine step taken by running decodes (chunked prefill shares steps).
+    Ranges: prefill_tokens_per_s > 0 (≈ 15k–50k for an 8B model on one GPU), attention ≥ 0 (≈ 1e-9 for
+    8B on H100), decode_slowdown 0–1 (≈ 0.002–0.02), overhead_s ≥ 0 (≈ one engine step).
     """
 
-    prefill_tokens_per_s: float = 12_000.0
-    decode_slowdown: float = 0.01
-    overhead_s: float = 0.02
+    prefill_tokens_per_s: float = 44_600.0
+    decode_slowdown: float = 0.005
+    overhead_s: float = 0.01
+    attention_s_per_token_ctx: float = 1.06e-9
 
-    def ttft_s(self, w: WorkerView, uncached_tokens: int) -> float:
-        work = max(0, w.pending_prefill_tokens) + max(0, uncached_tokens)
+    def own_prefill_s(self, uncached_tokens: int, hit_tokens: int) -> float:
+        u = max(0, uncached_tokens)
+        return u / self.prefill_tokens_per_s + self.attention_s_per_token_ctx * u * (hit_tokens + u / 2)
+
+    def ttft_s(self, w: WorkerView, uncached_tokens: int, hit_tokens: int = 0) -> float:
+        queued = max(0, w.pending_prefill_tokens) / self.prefill_tokens_per_s
         slowdown = 1.0 + self.decode_slowdown * max(0, w.inflight)
-        return self.overhead_s + work / self.prefill_tokens_per_s * slowdown
+        return self.overhead_s + (queued + self.own_prefill_s(uncached_tokens, hit_tokens)) * slowdown
 
 
 @dataclass(frozen=True)
@@ -67,10 +74,11 @@ class PredictedTtft:
     name: str = "predicted-ttft"
 
     def ttfts(self, req: RequestView, workers: Sequence[WorkerView]) -> dict[str, float]:
-        return {
-            w.id: self.model.ttft_s(w, req.prompt_tokens - effective_hit_tokens(req, w.id, self.min_gain))
-            for w in workers
-        }
+        out: dict[str, float] = {}
+        for w in workers:
+            hit = effective_hit_tokens(req, w.id, self.min_gain)
+            out[w.id] = self.model.ttft_s(w, req.prompt_tokens - hit, hit)
+        return out
 
     def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
         return {wid: self.scale_s / (self.scale_s + t) for wid, t in self.ttfts(req, workers).items()}

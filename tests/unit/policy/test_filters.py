@@ -8,7 +8,9 @@ from policy.filters import Eligible, Filter, HardOverload, ImbalanceGuard, Repli
 from policy.scorers import PredictedTtft, TtftModel
 from policy.types import RequestView, WorkerView
 
-TTFT = PredictedTtft(TtftModel(prefill_tokens_per_s=1000, decode_slowdown=0.0, overhead_s=0.0), min_gain=0.3)
+TTFT = PredictedTtft(
+    TtftModel(1000, decode_slowdown=0.0, overhead_s=0.0, attention_s_per_token_ctx=0.0), min_gain=0.3
+)
 
 
 def ids(workers: list[WorkerView]) -> list[str]:

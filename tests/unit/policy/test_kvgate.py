@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -13,7 +14,13 @@ from policy.types import RequestView, WorkerView
 
 # 1000 prefill tokens/s, no decode slowdown, no overhead: predicted TTFT is easy to compute by hand
 CONFIG = RoutingConfig(
-    ttft=TtftModelConfig(prefill_tokens_per_s=1000.0, decode_slowdown=0.0, overhead_s=0.0),
+    ttft=TtftModelConfig(
+        prefill_tokens_per_s=1000.0,
+        decode_slowdown=0.0,
+        overhead_s=0.0,
+        attention_s_per_token_ctx=0.0,
+        miss_weight=0.0,
+    ),
     cold_start=ColdStartConfig(period_s=0.0),
 )
 POLICY = KvgatePolicy(CONFIG)
@@ -96,7 +103,7 @@ def test_kvgate_decisions(
     assert d.worker == winner
     assert reason in d.reason
     assert set(d.scores) <= {x.id for x in workers}
-    assert set(d.scores[winner]) == {"prefix-match", "predicted-ttft", "cold-start", "cost"}
+    assert set(d.scores[winner]) == {"prefix-match", "predicted-ttft", "miss-work", "cold-start", "cost"}
 
 
 def test_below_min_gain_is_a_tie_broken_by_seed() -> None:
@@ -130,6 +137,16 @@ def test_cold_start_discount_attracts_a_new_worker() -> None:
     d = policy.decide(req(), workers, random.Random(0), now_s=110.0)
     assert d.worker == "new" and "cold-start" in d.reason
     assert policy.decide(req(), workers, random.Random(0), now_s=200.0).worker == "old"
+
+
+def test_miss_weight_charges_uncached_work_twice() -> None:
+    weighted = KvgatePolicy(
+        dataclasses.replace(CONFIG, ttft=dataclasses.replace(CONFIG.ttft, miss_weight=1.0))
+    )
+    workers = [w("a", 3000), w("b", 0)]  # a: 3 s queue, hit; b: idle, 2 s miss (+2 s with miss weight 1)
+    assert POLICY.decide(req({"a": 4}), workers, random.Random(0), 0.0).worker == "b"
+    d = weighted.decide(req({"a": 4}), workers, random.Random(0), 0.0)
+    assert d.worker == "a" and d.scores["b"]["miss-work"] == pytest.approx(2.0)
 
 
 def test_reject_when_nobody_is_eligible() -> None:

@@ -71,13 +71,25 @@ def test_scorer_table(scorer: Scorer, expected: dict[str, float]) -> None:
     ],
 )
 def test_ttft_model(worker: WorkerView, uncached: int, expected_s: float) -> None:
-    model = TtftModel(prefill_tokens_per_s=10_000, decode_slowdown=0.01, overhead_s=0.02)
+    model = TtftModel(10_000, decode_slowdown=0.01, overhead_s=0.02, attention_s_per_token_ctx=0.0)
     assert model.ttft_s(worker, uncached) == pytest.approx(expected_s)
+
+
+@pytest.mark.parametrize(
+    ("uncached", "hit", "expected_s"),
+    [
+        pytest.param(1000, 0, 1000 * 1000 / 2 * 1e-9, id="attention over own tokens"),
+        pytest.param(1000, 4000, 1000 * (4000 + 500) * 1e-9, id="attention over cached context too"),
+    ],
+)
+def test_attention_term(uncached: int, hit: int, expected_s: float) -> None:
+    model = TtftModel(1e12, decode_slowdown=0.0, overhead_s=0.0, attention_s_per_token_ctx=1e-9)
+    assert model.ttft_s(WorkerView(id="w"), uncached, hit) == pytest.approx(expected_s, rel=1e-3)
 
 
 def test_predicted_ttft_uses_effective_hits_and_scores_in_unit_interval() -> None:
     scorer = PredictedTtft(
-        TtftModel(prefill_tokens_per_s=1000, decode_slowdown=0.0, overhead_s=0.0), min_gain=0.5
+        TtftModel(1000, decode_slowdown=0.0, overhead_s=0.0, attention_s_per_token_ctx=0.0), min_gain=0.5
     )
     ttfts = scorer.ttfts(REQ, WORKERS)
     assert ttfts == pytest.approx({"a": 0.0, "b": 1.0, "c": 1.0})  # b's 40 % hit is below min gain
