@@ -1,8 +1,8 @@
 """The per-request decision record: candidates and their scores, the winner and why, then the outcome.
 
 Records are queued in memory on the hot path and written by one background task, batched into one
-pipeline of `XADD kvg:decisions MAXLEN ~ N` per flush, so logging never adds a Redis round trip to a
-request. Optionally each record also goes to the Python log (logger `plugin.decision_log`).
+pipeline of `XADD kvg:decisions MAXLEN ~ N * record <json>` per flush, so logging never adds a Redis
+round trip to a request. Optionally each record also goes to the Python log (logger `plugin.decision_log`).
 """
 
 from __future__ import annotations
@@ -68,11 +68,8 @@ class DecisionLog:
         batch, self._buffer = self._buffer, []
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                for entry in batch:
-                    fields = {
-                        k: v if isinstance(v, str | int | float) else json.dumps(v) for k, v in entry.items()
-                    }
-                    pipe.xadd(STREAM_KEY, fields, maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
+                for entry in batch:  # one JSON field per record: packing many fields costs more CPU
+                    pipe.xadd(STREAM_KEY, {"record": json.dumps(entry)}, maxlen=self.maxlen, approximate=True)
                 await pipe.execute()
             self.written += len(batch)
         except (RedisError, OSError) as e:
@@ -87,11 +84,12 @@ class DecisionLog:
             await self.flush()
 
 
-async def read_recent(redis: aioredis.Redis, count: int = 100) -> list[dict[str, str]]:
+async def read_recent(redis: aioredis.Redis, count: int = 100) -> list[dict[str, Any]]:
     """The newest records, newest first (for tests and operators)."""
     out = []
     for _, fields in await redis.xrevrange(STREAM_KEY, count=count):
-        out.append({_text(k): _text(v) for k, v in fields.items()})
+        raw = {_text(k): _text(v) for k, v in fields.items()}
+        out.append(json.loads(raw["record"]) if "record" in raw else raw)
     return out
 
 

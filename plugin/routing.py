@@ -19,7 +19,7 @@ import json
 import logging
 import random
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CHARS_PER_TOKEN = 4
+REPUBLISH_S = 10.0  # a block this gateway published for a worker is not written again this soon
+PUBLISHED_MAX = 100_000  # per worker, bounded memory for that bookkeeping
 DEFAULT_CAPACITY_TOKENS = 1_000_000  # a worker that did not report its KV size
 
 
@@ -145,6 +147,7 @@ class Router:
         self._round_robin = itertools.count()
         self._upstreams: dict[str, Upstream] = {}
         self._pending_index: dict[tuple[str, str], tuple[int, list[int]]] = {}
+        self._published: dict[tuple[str, str], OrderedDict[int, float]] = {}
         self._writer: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
@@ -239,16 +242,31 @@ class Router:
 
     def reset_worker(self, model: str, worker: str) -> None:
         self.model(model).state.forget_worker(worker)
+        self._published.pop((model, worker), None)
 
     # -- batched index writer ------------------------------------------------------------------------
     def _queue_index_write(self, model: str, worker: WorkerRecord, hashes: Sequence[int]) -> None:
-        capacity = self.model(model)._capacity_blocks(worker.capacity_tokens or DEFAULT_CAPACITY_TOKENS)
+        """Queue the blocks this gateway has not published for `worker` within REPUBLISH_S (a shared
+        system prompt is published once, not with every request that carries it)."""
         key = (model, worker.id)
+        now = time.monotonic()
+        recent = self._published.get(key)
+        if recent is None:
+            recent = self._published[key] = OrderedDict()
+        fresh = [h for h in hashes if now - recent.get(h, -REPUBLISH_S) >= REPUBLISH_S]
+        if not fresh:
+            return
+        for h in fresh:
+            recent[h] = now
+            recent.move_to_end(h)
+        while len(recent) > PUBLISHED_MAX:
+            recent.popitem(last=False)
+        capacity = self.model(model)._capacity_blocks(worker.capacity_tokens or DEFAULT_CAPACITY_TOKENS)
         entry = self._pending_index.get(key)
         if entry is None:
-            self._pending_index[key] = (capacity, list(hashes))
+            self._pending_index[key] = (capacity, fresh)
         else:
-            entry[1].extend(hashes)
+            entry[1].extend(fresh)
         self._wake.set()
 
     async def start(self) -> None:

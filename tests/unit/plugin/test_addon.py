@@ -55,11 +55,7 @@ def error_of(flow: http.HTTPFlow) -> tuple[int, str]:
 
 
 async def run_request(gate: KvGate, flow: http.HTTPFlow) -> None:
-    """The request hook of the parent and then each child, in order (as mitmproxy's traverse does)."""
-    for addon in gate.addons:
-        hook = getattr(addon, "request", None)
-        if hook is not None:
-            await hook(flow)
+    await gate.request(flow)
 
 
 @pytest.fixture
@@ -107,17 +103,11 @@ async def test_admitted_request_is_rerouted_and_released_once(gate: KvGate) -> N
     assert state.caller is not None and state.caller.tenant == "gold" and state.caller.band.name == "HIGH"
     assert gate.pool.held() == 1
     flow.response = tutils.tresp(content=b'{"usage": {"completion_tokens": 3}}')
-    for addon in gate.addons:
-        if hasattr(addon, "responseheaders"):
-            addon.responseheaders(flow)
+    gate.responseheaders(flow)
     assert flow.response.headers["x-kvgate-worker"] == "w0"
-    for addon in gate.addons:
-        if hasattr(addon, "response"):
-            addon.response(flow)
+    gate.response(flow)
     flow.error = tflow.terr("late error")
-    for addon in gate.addons:
-        if hasattr(addon, "error"):
-            addon.error(flow)
+    gate.error(flow)
     assert gate.releases == 1  # response and error both fired; released exactly once
 
 
@@ -126,9 +116,7 @@ async def test_client_gone_mid_stream_releases(gate: KvGate) -> None:
     await run_request(gate, flow)
     assert state_of(flow) is not None and state_of(flow).lease is not None  # type: ignore[union-attr]
     flow.error = tflow.terr("Client disconnected.")
-    for addon in gate.addons:
-        if hasattr(addon, "error"):
-            addon.error(flow)
+    gate.error(flow)
     assert gate.releases == 1
 
 
@@ -223,10 +211,8 @@ async def test_disconnect_while_queued_leaves_the_queue(gate: KvGate) -> None:
     assert waiter.error is not None and waiter.response is None  # killed: never reaches a worker
     assert state_of(waiter) is not None and state_of(waiter).lease is None  # type: ignore[union-attr]
     # a slot freed afterwards is not lost to the departed waiter
-    for addon in gate.addons:
-        if hasattr(addon, "error"):
-            held[0].error = tflow.terr("Client disconnected.")
-            addon.error(held[0])
+    held[0].error = tflow.terr("Client disconnected.")
+    gate.error(held[0])
     nxt = request_flow(headers={"x-kvgate-max-wait-ms": "5000"})
     await run_request(gate, nxt)
     assert nxt.response is None and state_of(nxt).lease is not None  # type: ignore[union-attr]

@@ -15,6 +15,6 @@ async def test_records_reach_the_stream(redis: aioredis.Redis) -> None:
     await log.close()  # flushes what is left
     recent = await read_recent(redis, count=5)
     assert recent[0]["request_id"] == "r399"
-    assert recent[0]["candidates"] == '{"w0": {"ttft": 0.1}}'
+    assert recent[0]["candidates"] == {"w0": {"ttft": 0.1}}
     assert await redis.xlen("kvg:decisions") < 400  # capped (MAXLEN ~ trims whole nodes)
     assert log.written == 400 and log.dropped == 0
