@@ -32,6 +32,8 @@ Modelled on Kubernetes API Priority and Fairness, for LLM requests that cannot b
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -305,7 +307,10 @@ class _Waiter:
 @dataclass
 class AdmissionState:
     """One model's leases and queues. Each operation reaps what expired by `now_ms`, does its work, then
-    grants freed seats to waiters, exactly as the Lua scripts do; the simulator drives it directly."""
+    grants freed seats to waiters, exactly as the Lua scripts do; the simulator drives it directly.
+
+    Read `leases`, `waiters`, `usage()` and `queue()`; change state only through the operations (the
+    private indexes below keep queue order, expiry heaps and seat counts in step with them)."""
 
     quota: Quota = field(default_factory=Quota)
     leases: dict[str, _Lease] = field(default_factory=dict)
@@ -314,27 +319,31 @@ class AdmissionState:
     since: dict[Band, int] = field(default_factory=dict)
     tags: dict[Band, dict[str, int]] = field(default_factory=dict)
     hold_ms: int | None = None  # moving average of lease hold times
+    # indexes: per band (tag, id bytes, id) sorted like a Redis ZSET; lazy expiry heaps; seat counts
+    _order: dict[Band, list[tuple[int, bytes, str]]] = field(default_factory=lambda: {b: [] for b in Band})
+    _lease_expiry: list[tuple[int, str]] = field(default_factory=list)
+    _deadlines: list[tuple[int, str]] = field(default_factory=list)
+    _used_band: dict[Band, int] = field(default_factory=dict)
+    _used_tenant: dict[str, int] = field(default_factory=dict)
+    _used_worker: dict[str, int] = field(default_factory=dict)
 
     def usage(self) -> Usage:
-        band: dict[Band, int] = {}
-        tenant: dict[str, int] = {}
-        worker: dict[str, int] = {}
-        for lease in self.leases.values():
-            band[lease.band] = band.get(lease.band, 0) + lease.seats
-            tenant[lease.tenant] = tenant.get(lease.tenant, 0) + lease.seats
-            if lease.worker:
-                worker[lease.worker] = worker.get(lease.worker, 0) + 1
-        return Usage(sum(band.values()), band, tenant, worker)
+        """Seats held by live leases (a copy)."""
+        return Usage(
+            sum(self._used_band.values()),
+            {b: v for b, v in self._used_band.items() if v},
+            {t: v for t, v in self._used_tenant.items() if v},
+            {w: v for w, v in self._used_worker.items() if v},
+        )
 
     def queue(self, band: Band) -> list[str]:
         """Waiting request ids of one band in grant order (fair tag, then id: Redis ZSET order)."""
-        ids = [rid for rid, w in self.waiters.items() if w.band == band]
-        return sorted(ids, key=lambda rid: (self.waiters[rid].tag, rid.encode()))
+        return [rid for _, _, rid in self._order[band]]
 
     def ahead(self, rid: str) -> int:
-        band = self.waiters[rid].band
-        higher = sum(len(self.queue(b)) for b in Band if b > band)
-        return self.queue(band).index(rid) + higher
+        w = self.waiters[rid]
+        higher = sum(len(self._order[b]) for b in Band if b > w.band)
+        return bisect.bisect_left(self._order[w.band], (w.tag, rid.encode(), rid)) + higher
 
     def acquire(
         self,
@@ -355,13 +364,13 @@ class AdmissionState:
         if rid in self.waiters:
             return AdmitResult(AdmitCode.ALREADY_QUEUED, 0, 0, self._pump(now_ms))
         seats = clamp_seats(seats, self.quota, band, tenant)
-        if worker and worker_full(self.usage(), worker, worker_cap):
+        if worker and worker_full(self._live_usage(), worker, worker_cap):
             return AdmitResult(AdmitCode.WORKER_FULL, seats, 0, self._pump(now_ms))
-        was_empty = not self.queue(band)
+        was_empty = not self._order[band]
         band_tags = self.tags.setdefault(band, {})
         prev_tag = band_tags.get(tenant)
         tag = fair_tag(self.vtime.get(band, 0), prev_tag, seats)
-        self.waiters[rid] = _Waiter(seats, band, tenant, lease_ms, now_ms + max(max_wait_ms, 0), tag, worker)
+        self._enqueue(rid, _Waiter(seats, band, tenant, lease_ms, now_ms + max(max_wait_ms, 0), tag, worker))
         band_tags[tenant] = tag
         if was_empty:
             self.since[band] = now_ms
@@ -370,10 +379,10 @@ class AdmissionState:
         if rid in pumped:
             return AdmitResult(AdmitCode.ADMITTED, seats, 0, granted)
         ahead = self.ahead(rid)
-        full = len(self.queue(band)) - 1 >= self.quota.queue_limit(band)
+        full = len(self._order[band]) - 1 >= self.quota.queue_limit(band)
         if max_wait_ms <= 0 or full:
             self._leave(rid)
-            if self.queue(band):
+            if self._order[band]:
                 if prev_tag is None:
                     del self.tags[band][tenant]
                 else:
@@ -393,10 +402,12 @@ class AdmissionState:
         if (lease := self.leases.get(rid)) is not None:
             if lease.worker == worker:
                 code = ClaimCode.PLACED
-            elif worker_full(self.usage(), worker, worker_cap):
+            elif worker_full(self._live_usage(), worker, worker_cap):
                 code = ClaimCode.WORKER_FULL
             else:
+                self._count(lease, -1)
                 lease.worker = worker
+                self._count(lease, 1)
                 code = ClaimCode.PLACED
         return code, self._pump(now_ms)
 
@@ -404,7 +415,7 @@ class AdmissionState:
         """End a request wherever it is (lease or queue); idempotent."""
         self._reap(now_ms)
         code = ReleaseCode.UNKNOWN
-        if (lease := self.leases.pop(rid, None)) is not None:
+        if (lease := self._drop(rid)) is not None:
             code = ReleaseCode.RELEASED
             held = now_ms - lease.granted_ms
             self.hold_ms = held if self.hold_ms is None else math.floor(self.hold_ms * 0.9 + held * 0.1)
@@ -419,6 +430,7 @@ class AdmissionState:
         for rid in rids:
             if (lease := self.leases.get(rid)) is not None:
                 lease.expiry_ms = now_ms + lease_ms
+                heapq.heappush(self._lease_expiry, (lease.expiry_ms, rid))
             else:
                 lost.append(rid)
         return tuple(lost), self._pump(now_ms)
@@ -432,37 +444,65 @@ class AdmissionState:
             return CheckResult(CheckStatus.QUEUED, self.ahead(rid), granted)
         return CheckResult(CheckStatus.GONE, 0, granted)
 
+    # ---- internals (each mirrors a helper of common.lua) ----
+
+    def _live_usage(self) -> Usage:
+        """Seat counts without copying (for the rule functions inside one operation)."""
+        return Usage(sum(self._used_band.values()), self._used_band, self._used_tenant, self._used_worker)
+
+    def _count(self, lease: _Lease, sign: int) -> None:
+        self._used_band[lease.band] = self._used_band.get(lease.band, 0) + sign * lease.seats
+        self._used_tenant[lease.tenant] = self._used_tenant.get(lease.tenant, 0) + sign * lease.seats
+        if lease.worker:
+            self._used_worker[lease.worker] = self._used_worker.get(lease.worker, 0) + sign
+
+    def _drop(self, rid: str) -> _Lease | None:
+        lease = self.leases.pop(rid, None)
+        if lease is not None:
+            self._count(lease, -1)
+        return lease
+
+    def _enqueue(self, rid: str, w: _Waiter) -> None:
+        self.waiters[rid] = w
+        bisect.insort(self._order[w.band], (w.tag, rid.encode(), rid))
+        heapq.heappush(self._deadlines, (w.deadline_ms, rid))
+
     def _reap(self, now_ms: int) -> None:
-        for rid in [r for r, lease in self.leases.items() if lease.expiry_ms <= now_ms]:
-            del self.leases[rid]
-        for rid in [r for r, w in self.waiters.items() if w.deadline_ms <= now_ms]:
-            self._leave(rid)
+        while self._lease_expiry and self._lease_expiry[0][0] <= now_ms:
+            expiry, rid = heapq.heappop(self._lease_expiry)
+            if (lease := self.leases.get(rid)) is not None and lease.expiry_ms == expiry:
+                self._drop(rid)
+        while self._deadlines and self._deadlines[0][0] <= now_ms:
+            deadline, rid = heapq.heappop(self._deadlines)
+            if (w := self.waiters.get(rid)) is not None and w.deadline_ms == deadline:
+                self._leave(rid)
 
     def _leave(self, rid: str) -> bool:
-        waiter = self.waiters.pop(rid, None)
-        if waiter is None:
+        w = self.waiters.pop(rid, None)
+        if w is None:
             return False
-        if not self.queue(waiter.band):
-            self.tags.pop(waiter.band, None)
+        order = self._order[w.band]
+        del order[bisect.bisect_left(order, (w.tag, rid.encode(), rid))]
+        if not order:
+            self.tags.pop(w.band, None)
         return True
 
     def _pump(self, now_ms: int) -> tuple[str, ...]:
         granted: list[str] = []
+        usage = self._live_usage
         for _ in range(MAX_GRANTS):
-            usage = self.usage()
             best: tuple[str, int, int] | None = None  # rid, effective priority, since
-            for band in sorted(Band, reverse=True):
-                for rid in self.queue(band)[:SCAN]:
+            for band in _BANDS_DESCENDING:
+                for _tag, _key, rid in self._order[band][:SCAN]:
                     w = self.waiters[rid]
-                    if tenant_ok(self.quota, usage, w.tenant, w.seats) and band_ok(
-                        self.quota, usage, band, w.seats
-                    ):
+                    u = usage()
+                    if tenant_ok(self.quota, u, w.tenant, w.seats) and band_ok(self.quota, u, band, w.seats):
                         since = self.since.get(band, now_ms)
                         eff = effective_priority(band, since, now_ms, self.quota.aging_ms)
                         if best is None or eff > best[1] or (eff == best[1] and since < best[2]):
                             best = (rid, eff, since)
                         break
-            if best is None or not total_ok(self.quota, usage, self.waiters[best[0]].seats):
+            if best is None or not total_ok(self.quota, usage(), self.waiters[best[0]].seats):
                 break
             self._grant(now_ms, best[0])
             granted.append(best[0])
@@ -471,6 +511,12 @@ class AdmissionState:
     def _grant(self, now_ms: int, rid: str) -> None:
         w = self.waiters[rid]
         self._leave(rid)
-        self.leases[rid] = _Lease(w.seats, w.band, w.tenant, now_ms + w.lease_ms, now_ms, w.worker)
+        lease = _Lease(w.seats, w.band, w.tenant, now_ms + w.lease_ms, now_ms, w.worker)
+        self.leases[rid] = lease
+        self._count(lease, 1)
+        heapq.heappush(self._lease_expiry, (lease.expiry_ms, rid))
         self.vtime[w.band] = w.tag
         self.since[w.band] = now_ms
+
+
+_BANDS_DESCENDING = sorted(Band, reverse=True)
