@@ -23,7 +23,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from plugin.scripts import GRANTED_CHANNEL, AdmissionScripts, quota_key, register_scripts
+from plugin.scripts import GRANTED_CHANNEL, AdmissionScripts, model_keys, quota_key, register_scripts
 from plugin.tasks import cancel_and_wait, spawn
 from policy.admission import AdmitCode, CheckStatus, ClaimCode, Quota, estimated_wait_s
 from policy.types import Band
@@ -102,6 +102,28 @@ async def set_quota(redis: aioredis.Redis, model: str, quota: Quota) -> None:
 async def get_quota(redis: aioredis.Redis, model: str) -> Quota:
     flat = await redis.hgetall(quota_key(model))
     return Quota.from_hash({_text(k): _text(v) for k, v in flat.items()})
+
+
+async def live_leases(redis: aioredis.Redis, model: str) -> dict[str, dict[str, Any]]:
+    """Request id -> {seats, band, tenant, worker, gateway, granted_ms, expiry_ms} of the model's
+    unexpired leases (read-only, for the drift audit against agents' in-flight ids)."""
+    keys = model_keys(model)
+    clock: Any = await redis.time()
+    now_s, now_us = clock
+    live: list[Any] = await redis.zrangebyscore(
+        keys[1], f"({now_s * 1000 + now_us // 1000}", "+inf", withscores=True
+    )
+    records = await redis.hmget(keys[2], [rid for rid, _ in live]) if live else []
+    out: dict[str, dict[str, Any]] = {}
+    for (rid, expiry), record in zip(live, records, strict=True):
+        if record is None:
+            continue
+        info = json.loads(record)
+        out[_text(rid)] = {
+            "seats": info["s"], "band": Band(info["b"]), "tenant": info["t"], "worker": info.get("k") or None,
+            "gateway": info.get("w"), "granted_ms": info["g"], "expiry_ms": int(expiry),
+        }  # fmt: skip
+    return out
 
 
 def _text(value: bytes | str) -> str:

@@ -25,6 +25,7 @@ from plugin.slots import (
     WaitBudgetExceeded,
     WorkerFull,
     get_quota,
+    live_leases,
     set_quota,
 )
 from policy import keys
@@ -291,3 +292,19 @@ async def test_two_step_admission_worker_full_and_place_after_wait(
     await b.release(placed)
     with pytest.raises(LeaseLost):
         await b.place(placed, "w1")
+
+
+async def test_live_leases_lists_unexpired_leases_for_the_audit(
+    redis: aioredis.Redis, pools: tuple[SlotPool, SlotPool]
+) -> None:
+    a, b = pools
+    first = await a.acquire(ticket("a", Band.HIGH, "acme", seats=2), worker="w1")
+    await b.scripts.acquire(M, "stale", Band.LOW, "t", 1, 1, 0, "dead-gw", now_ms=1)  # expired long ago
+    table = await live_leases(redis, M)
+    assert set(table) == {"a"}
+    assert table["a"] | {"granted_ms": 0, "expiry_ms": 0} == {
+        "seats": 2, "band": Band.HIGH, "tenant": "acme", "worker": "w1", "gateway": "gw0",
+        "granted_ms": 0, "expiry_ms": 0,
+    }  # fmt: skip
+    await a.release(first)
+    assert await live_leases(redis, M) == {}
