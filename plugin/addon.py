@@ -68,7 +68,7 @@ class KvGate:
         self.gateway_id = ""
         self.redis: aioredis.Redis | None = None
         self.embedded: EmbeddedRedis | None = None
-        self.pool: SlotPool = None  # type: ignore[assignment]  # set in running()
+        self.pool: SlotPool = None  # set in running()
         self.mirror: ClusterMirror | None = None
         self.router = Router(self.config.routing)
         self.decisions = DecisionLog(None)

@@ -212,7 +212,8 @@ def load_config(path: str | Path | None) -> GatewayConfig:
 
 def config_from_dict(data: Mapping[str, Any]) -> GatewayConfig:
     """Build a GatewayConfig from parsed TOML (tests use this too). Raises ConfigError."""
-    return _build(GatewayConfig, data, "")
+    config: GatewayConfig = _build(GatewayConfig, data, "")
+    return config
 
 
 def _build(cls: type[Any], data: object, path: str) -> Any:

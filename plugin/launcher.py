@@ -34,7 +34,7 @@ class KvGateMaster(DumpMaster):
     """mitmdump with the kvgate addon built in and gateway-friendly defaults."""
 
     def __init__(self, opts: options.Options, **kwargs: object) -> None:
-        super().__init__(opts, **kwargs)  # type: ignore[arg-type]
+        super().__init__(opts, **kwargs)
         self.addons.add(KvGate())
         defaults: dict[str, object] = {
             "connection_strategy": "lazy",

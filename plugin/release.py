@@ -88,10 +88,10 @@ class Release:
             self.gate.release_lease(lease)
         gate = self.gate
         metrics = gate.metrics
-        if state.parsed is None:
-            return  # a local endpoint or a request refused before parsing
-        model, band = state.parsed.model, state.band_name
+        model, band = state.model, state.band_name  # model "" when refused before parsing
         metrics.requests.inc(model, band, str(status))
+        if state.parsed is None:
+            return
         route = state.route
         if route is None:
             return
