@@ -2,6 +2,7 @@
 
   kvgate bench sim --trace ../shared/traces/mooncake_fast25/conversation_trace.jsonl --policies all
   kvgate bench sim --scenario multi_tenant --workers 8 --load 0.8 --out out/sim --sweep
+  kvgate bench sim --scenario overload --admission all --policies kvgate
 Prints a table, writes OUT/results.json (schema: docs/SIMULATOR.md) and PNG plots; --sweep adds
 OUT/sweep.json and sweep_ttft_p99.png over several offered loads. Bad input exits 2 with one line.
 """
@@ -13,10 +14,26 @@ import os
 import sys
 from pathlib import Path
 
+from bench.sim.admission import UnknownAdmission, resolve_admissions
 from bench.sim.profiles import ProfileError, list_profiles, load_profile
 from bench.sim.registry import UnknownPolicy, resolve_policies
-from bench.sim.report import format_sweep, format_table, plot_run, plot_sweep, sweep_document, write_json
-from bench.sim.runner import load_requests, prepare_workload, results_document, run_policies
+from bench.sim.report import (
+    format_admission_table,
+    format_sweep,
+    format_table,
+    plot_run,
+    plot_sweep,
+    sweep_document,
+    write_json,
+)
+from bench.sim.runner import (
+    Task,
+    load_requests,
+    overload_workload,
+    prepare_workload,
+    results_document,
+    run_policies,
+)
 from bench.sim.scenarios import UnknownScenario, list_scenarios
 from bench.sim.traces import TraceError
 
@@ -41,8 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--scenario", help="generated workload; see --list-scenarios")
     p.add_argument("--list-scenarios", action="store_true", help="list scenario names and exit")
     p.add_argument("--workers", type=int, default=8, help="simulated GPU workers (default 8)")
-    p.add_argument("--load", type=float, default=0.8, help="offered load, fraction of cluster capacity (0.8)")
+    p.add_argument(
+        "--load",
+        type=float,
+        help="offered load, fraction of cluster capacity (0.8; overload: the steady phase, 0.6)",
+    )
     p.add_argument("--policies", default="all", help="comma-separated policy names, or all (default)")
+    p.add_argument(
+        "--admission",
+        help="admission gates, comma-separated or all (none,gie_shed,gie_flow,probabilistic,kvgate): "
+        "one run per (policy, gate), with goodput and per-band metrics",
+    )
     p.add_argument("--profile", default="h100-llama3.1-8b", help="engine profile (default h100-llama3.1-8b)")
     p.add_argument("--seed", type=int, default=1, help="seed for scenarios and randomised policies (1)")
     p.add_argument("--out", default="out/sim", help="output directory (default out/sim)")
@@ -73,8 +99,10 @@ def _main(argv: list[str]) -> int:
         return 0
     if args.trace is None and args.scenario is None:
         raise UsageError("give --trace PATH or --scenario NAME (see --list-scenarios)")
-    if args.load <= 0:
+    if args.load is not None and args.load <= 0:
         raise UsageError(f"--load must be > 0, got {args.load}")
+    if args.admission is not None and args.sweep:
+        raise UsageError("--sweep does not combine with --admission")
     if args.workers <= 0:
         raise UsageError(f"--workers must be > 0, got {args.workers}")
     if args.limit is not None and args.limit < 2:
@@ -87,32 +115,51 @@ def _main(argv: list[str]) -> int:
     try:
         profile = load_profile(args.profile)
         policies = resolve_policies(args.policies)
-        name, requests = load_requests(args.trace, args.scenario, args.seed, args.limit)
+        admissions = None if args.admission is None else resolve_admissions(args.admission)
+        overload = args.scenario == "overload"
+        name, requests = (
+            ("", []) if overload else load_requests(args.trace, args.scenario, args.seed, args.limit)
+        )
     except ProfileError as e:
         raise UsageError(f"{e} (profiles: {', '.join(list_profiles())})") from None
-    except (UnknownPolicy, UnknownScenario, TraceError) as e:
+    except (UnknownPolicy, UnknownAdmission, UnknownScenario, TraceError) as e:
         raise UsageError(str(e)) from None
     if not policies:
         raise UsageError("no policy is available")
     out = Path(args.out)
     try:
-        workload = prepare_workload(name, requests, profile, args.workers, args.load)
+        if overload:
+            workload = overload_workload(profile, args.workers, args.seed, args.limit, args.load)
+            if loads:
+                raise UsageError("--sweep does not apply to the overload scenario (it fixes its own load)")
+        else:
+            load = 0.8 if args.load is None else args.load
+            workload = prepare_workload(name, requests, profile, args.workers, load)
         sweep_workloads = [prepare_workload(name, requests, profile, args.workers, x) for x in loads]
     except ValueError as e:
         raise UsageError(str(e)) from None
 
-    tasks = [(p, workload) for p in policies] + [(p, w) for w in sweep_workloads for p in policies]
+    main_tasks: list[Task] = (
+        [(p, workload) for p in policies]
+        if admissions is None
+        else [(p, workload, a) for p in policies for a in admissions]
+    )
+    tasks: list[Task] = main_tasks + [(p, w) for w in sweep_workloads for p in policies]
     runs = run_policies(tasks, args.profile, args.workers, args.seed, args.jobs, args.scrape_period)
-    main_runs = runs[: len(policies)]
+    main_runs = runs[: len(main_tasks)]
     document = results_document(workload, main_runs, args.profile, args.workers, args.seed)
     write_json(out / "results.json", document)
     print(format_table(document))
+    if admissions is not None:
+        print()
+        print(format_admission_table(document))
     if not args.no_plots:
         plot_run(out, document, main_runs)
     if loads:
         documents = []
         for i, w in enumerate(sweep_workloads):
-            chunk = runs[len(policies) * (i + 1) : len(policies) * (i + 2)]
+            start = len(main_tasks) + len(policies) * i
+            chunk = runs[start : start + len(policies)]
             doc = results_document(w, chunk, args.profile, args.workers, args.seed)
             write_json(out / f"load-{w.plan.load:g}" / "results.json", doc)
             documents.append(doc)

@@ -16,6 +16,8 @@ Extra balance measures (engine busy time saturates near 1 under continuous batch
 small for every policy at high load): inflight_cv = CV of each worker's time-averaged requests in
 flight; prefill_tokens_cv = CV of the prompt tokens each worker computed (input - cached).
 Percentiles interpolate linearly between order statistics (numpy's default "linear").
+With an admission gate (`admission_metrics`): goodput = requests finishing with TTFT within their SLO
+/ all requests (rejected ones count as not good), and per-band TTFT, completions, rejections, max wait.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from bench.sim.cluster import RequestRecord, SimResult
 from bench.sim.profiles import EngineProfile, prefill_time_s
 from bench.sim.types import SimRequest
+from policy.types import Band
 
 SWITCH_MIN_COVERAGE = 0.5  # a shared prefix counts as "hot" for switch_rate if it covers >= 50% of the input
 
@@ -189,3 +192,37 @@ def _queue_delay(record: RequestRecord, profile: EngineProfile) -> float:
     ttft = record.first_token_s - record.arrival_s  # type: ignore[operator]
     new_tokens = max(1, record.input_tokens - record.cached_tokens)
     return max(0.0, ttft - prefill_time_s(profile, new_tokens, record.cached_tokens))
+
+
+BAND_NAMES: dict[Band, str] = {Band.HIGH: "high", Band.NORMAL: "normal", Band.LOW: "low"}
+
+
+def is_good(record: RequestRecord, slo_ttft_s: float | None) -> bool:
+    """Finished, not rejected, and its TTFT within its SLO (no SLO: finishing is enough)."""
+    if record.rejected or record.finish_s is None or record.first_token_s is None:
+        return False
+    return slo_ttft_s is None or record.first_token_s - record.arrival_s <= slo_ttft_s
+
+
+def admission_metrics(result: SimResult, requests: Sequence[SimRequest]) -> dict[str, object]:
+    """`goodput` (fraction of all requests that are good, a rejected one never is) and `by_priority`
+    {high|normal|low: ttft_p50, ttft_p99, completed, rejected, max_wait}; max_wait = longest
+    admission wait (dispatch - arrival) among the band's dispatched requests, 0 when none waited."""
+    slo = {r.id: r.slo_ttft_s for r in requests}
+    records = result.records
+    good = sum(is_good(r, slo[r.id]) for r in records)
+    by_priority: dict[str, dict[str, object]] = {}
+    for band, name in BAND_NAMES.items():
+        mine = [r for r in records if r.band == int(band)]
+        ttft = sorted(r.first_token_s - r.arrival_s for r in mine if r.first_token_s is not None)
+        waits = [r.dispatch_s - r.arrival_s for r in mine if r.dispatch_s is not None]
+        by_priority[name] = {
+            "ttft_p50": percentile(ttft, 50),
+            "ttft_p99": percentile(ttft, 99),
+            "completed": sum(r.finish_s is not None for r in mine),
+            "rejected": sum(r.rejected for r in mine),
+            "max_wait": max(waits, default=0.0),
+            "requests": len(mine),
+            "goodput": sum(is_good(r, slo[r.id]) for r in mine) / len(mine) if mine else None,
+        }
+    return {"goodput": good / len(records) if records else 0.0, "by_priority": by_priority}

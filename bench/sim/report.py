@@ -58,7 +58,8 @@ def format_table(document: dict[str, object]) -> str:
             rows.append([run["policy"], f"FAILED: {run['error']}"])
             continue
         metrics = run["metrics"]
-        rows.append([run["policy"]] + [_cell(metrics.get(key), fmt) for key, _, fmt in TABLE_COLUMNS[1:]])
+        label = run["policy"] if run.get("admission") is None else f"{run['policy']} [{run['admission']}]"
+        rows.append([label] + [_cell(metrics.get(key), fmt) for key, _, fmt in TABLE_COLUMNS[1:]])
     widths = [
         max(len(r[i]) for r in rows if len(r) > i and len(r) == len(rows[0])) for i in range(len(rows[0]))
     ]
@@ -74,6 +75,51 @@ def format_table(document: dict[str, object]) -> str:
                 )
             )
     return "\n".join(lines)
+
+
+ADMISSION_COLUMNS = (
+    ("goodput", "goodput", "{:.1%}"),
+    ("high.ttft_p50", "high p50", "{:.3f}"),
+    ("high.ttft_p99", "p99", "{:.3f}"),
+    ("high_ttft_p99_at_half_load", "p99@0.5", "{:.3f}"),
+    ("high.rejected", "rej", "{}"),
+    ("normal.ttft_p50", "normal p50", "{:.3f}"),
+    ("normal.ttft_p99", "p99", "{:.3f}"),
+    ("normal.rejected", "rej", "{}"),
+    ("low.ttft_p50", "low p50", "{:.2f}"),
+    ("low.ttft_p99", "p99", "{:.2f}"),
+    ("low.completed", "done", "{}"),
+    ("low.rejected", "rej", "{}"),
+    ("low.max_wait", "max wait", "{:.1f}"),
+)
+
+
+def _metric(metrics: dict[str, Any], key: str) -> object:
+    if "." in key:
+        band, name = key.split(".")
+        return metrics.get("by_priority", {}).get(band, {}).get(name)
+    return metrics.get(key)
+
+
+def format_admission_table(document: dict[str, object]) -> str:
+    """Per (policy, admission) run: goodput, per-band TTFT / rejections, low-band completions and
+    longest admission wait, and the high-band TTFT p99 of the same pair at half load (times in s)."""
+    rows = [["policy", "admission"] + [title for _, title, _ in ADMISSION_COLUMNS]]
+    runs = document["runs"]
+    assert isinstance(runs, list)
+    for run in runs:
+        if run.get("error"):
+            continue
+        metrics = run["metrics"]
+        rows.append(
+            [run["policy"], str(run.get("admission", "-"))]
+            + [_cell(_metric(metrics, key), fmt) for key, _, fmt in ADMISSION_COLUMNS]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        for r in rows
+    )
 
 
 def write_json(path: Path, document: object) -> None:
@@ -101,7 +147,9 @@ def plot_run(out_dir: Path, document: dict[str, object], runs: Sequence[PolicyRu
     for run in ok:
         xs = run.ttft_samples
         if xs:
-            ax.plot([max(x, 1e-4) for x in xs], [(i + 1) / len(xs) for i in range(len(xs))], label=run.policy)
+            ax.plot(
+                [max(x, 1e-4) for x in xs], [(i + 1) / len(xs) for i in range(len(xs))], label=_run_label(run)
+            )
     ax.set_xscale("log")
     ax.set_xlabel("time to first token (s)")
     ax.set_ylabel("fraction of requests")
@@ -113,7 +161,7 @@ def plot_run(out_dir: Path, document: dict[str, object], runs: Sequence[PolicyRu
     bounds = document["bounds"]
     assert isinstance(bounds, dict)
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    names = [r.policy for r in ok]
+    names = [_run_label(r) for r in ok]
     ax.bar(names, [float(r.metrics.get("hit_rate", 0.0)) for r in ok], color="tab:blue")  # type: ignore[arg-type]
     ax.axhline(bounds["infinite_hit_rate"], color="tab:green", ls="--", label="infinite cache")
     ax.axhline(bounds["pooled_lru_hit_rate"], color="tab:red", ls=":", label="pooled LRU")
@@ -131,7 +179,7 @@ def plot_run(out_dir: Path, document: dict[str, object], runs: Sequence[PolicyRu
         for ax, run in zip(axes.flat, ok, strict=False):
             for wid, values in run.load_inflight.items():
                 ax.plot([i * run.load_period_s for i in range(len(values))], values, lw=0.8, label=wid)
-            ax.set_title(run.policy, fontsize=9)
+            ax.set_title(_run_label(run), fontsize=9)
             ax.set_xlabel("time (s)", fontsize=8)
             ax.set_ylabel("in flight", fontsize=8)
         for ax in list(axes.flat)[len(ok) :]:
@@ -139,6 +187,10 @@ def plot_run(out_dir: Path, document: dict[str, object], runs: Sequence[PolicyRu
         fig.suptitle(f"Requests in flight per worker\n{title}", fontsize=9)
         written.append(_save(fig, out_dir / "load_over_time.png", plt))
     return written
+
+
+def _run_label(run: PolicyRun) -> str:
+    return run.policy if run.admission is None else f"{run.policy} [{run.admission}]"
 
 
 def sweep_document(

@@ -3,7 +3,10 @@
 `prepare_workload` loads a trace or builds a scenario, computes the trace-only bounds and rescales the
 arrivals to the offered load, once, so every policy replays the identical request sequence. `run_policy`
 is the unit of work sent to a worker process (ProcessPoolExecutor); it returns plain data (metrics,
-TTFT samples, load series), never engines or routers.
+TTFT samples, load series), never engines or routers. With an admission gate (bench/sim/admission.py)
+a task is a (policy, gate) pair; the `overload` scenario is built in absolute time for the cluster
+(`overload_workload`, never rescaled) and carries its half-load twin, run with the same pair for the
+`high_ttft_p99_at_half_load` reference.
 """
 
 from __future__ import annotations
@@ -15,18 +18,19 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 
+from bench.sim.admission import GatedRouter, make_gate
 from bench.sim.bounds import (
     infinite_cache_hit_rate,
     pooled_capacity_blocks,
     pooled_lru_hit_rate,
     reusable_working_set_tokens,
 )
-from bench.sim.cluster import simulate
-from bench.sim.load import LoadPlan, scale_to_load
-from bench.sim.metrics import compute_metrics, load_series
+from bench.sim.cluster import SimResult, simulate
+from bench.sim.load import LoadPlan, decode_token_cost_s, offered_load, scale_to_load, total_work_s
+from bench.sim.metrics import admission_metrics, compute_metrics, load_series
 from bench.sim.profiles import EngineProfile, load_profile
 from bench.sim.registry import make_router
-from bench.sim.scenarios import build_scenario
+from bench.sim.scenarios import HALF_LOAD_SCALE, OVERLOAD_STREAMS, build_scenario, overload_requests
 from bench.sim.traces import TRACE_BLOCK_TOKENS, load_trace
 from bench.sim.types import SimRequest
 
@@ -41,12 +45,14 @@ class Workload:
     infinite_hit_rate: float
     pooled_lru_hit_rate: float
     cache_pressure: float  # reusable working set / one worker's KV capacity
+    reference: list[SimRequest] | None = None  # overload: the same scenario at half load
 
 
 @dataclass(slots=True)
 class PolicyRun:
     policy: str
     metrics: dict[str, object]
+    admission: str | None = None
     ttft_samples: list[float] = field(default_factory=list)  # evenly spaced quantiles, for the CDF
     load_period_s: float = 1.0
     load_inflight: dict[str, list[int]] = field(default_factory=dict)
@@ -64,10 +70,51 @@ def load_requests(
     return f"scenario:{scenario}", build_scenario(scenario, seed, limit)
 
 
-def prepare_workload(
-    name: str, requests: Sequence[SimRequest], profile: EngineProfile, workers: int, load: float
+OVERLOAD_STEADY_LOAD = sum(s.steady_load for s in OVERLOAD_STREAMS)  # 0.6
+
+
+def overload_workload(
+    profile: EngineProfile, workers: int, seed: int, limit: int | None, steady_load: float | None
 ) -> Workload:
-    scaled, plan = scale_to_load(profile, requests, workers, load)
+    """The overload scenario for this cluster; `steady_load` rescales every phase (default 0.6 steady,
+    2.0 in the burst). The half-load reference keeps the steady mix at 0.5 throughout."""
+    scale = 1.0 if steady_load is None else steady_load / OVERLOAD_STEADY_LOAD
+    requests = overload_requests(seed, profile, workers, load_scale=scale)[:limit]
+    reference = overload_requests(seed, profile, workers, load_scale=HALF_LOAD_SCALE, burst=False)[:limit]
+    workload = prepare_workload("scenario:overload", requests, profile, workers, 0.0, scale=False)
+    return _with_reference(workload, reference)
+
+
+def _with_reference(workload: Workload, reference: list[SimRequest]) -> Workload:
+    return Workload(
+        workload.name,
+        workload.requests,
+        workload.plan,
+        workload.infinite_hit_rate,
+        workload.pooled_lru_hit_rate,
+        workload.cache_pressure,
+        reference,
+    )
+
+
+def prepare_workload(
+    name: str,
+    requests: Sequence[SimRequest],
+    profile: EngineProfile,
+    workers: int,
+    load: float,
+    scale: bool = True,
+) -> Workload:
+    """Rescale to `load` (or, `scale=False`, keep the arrival times and report their offered load)."""
+    if scale:
+        scaled, plan = scale_to_load(profile, requests, workers, load)
+    else:
+        scaled = list(requests)
+        span = scaled[-1].arrival_s - scaled[0].arrival_s
+        actual = offered_load(profile, scaled, workers)
+        plan = LoadPlan(
+            actual, total_work_s(profile, scaled), span, 1.0, decode_token_cost_s(profile, scaled)
+        )
     capacity_blocks = pooled_capacity_blocks(workers, profile.capacity_tokens, TRACE_BLOCK_TOKENS)
     return Workload(
         name=name,
@@ -87,13 +134,37 @@ def run_policy(
     seed: int,
     scrape_period_s: float = 0.05,
     progress: Callable[[int, int], None] | None = None,
+    admission: str | None = None,
+    reference: Sequence[SimRequest] | None = None,
 ) -> PolicyRun:
-    """Simulate one policy (in whatever process calls it) and reduce the run to plain data."""
+    """Simulate one policy (in whatever process calls it) and reduce the run to plain data; with an
+    `admission` gate, add goodput and per-band metrics, and the high-band TTFT p99 of `reference`."""
     started = time.perf_counter()
     profile = load_profile(profile_name)
-    router = make_router(policy, seed)
-    result = simulate(requests, router, profile, workers, scrape_period_s=scrape_period_s, progress=progress)
+
+    def sim(reqs: Sequence[SimRequest], report: Callable[[int, int], None] | None) -> SimResult:
+        router = make_router(policy, seed)
+        if admission is None:
+            return simulate(reqs, router, profile, workers, scrape_period_s=scrape_period_s, progress=report)
+        gate = make_gate(admission, profile, workers, seed)
+        gated = GatedRouter(router, gate)
+        out = simulate(
+            reqs, gated, profile, workers, scrape_period_s=scrape_period_s, gate=gate, progress=report
+        )
+        for rid in gate.dropped:  # left the gate's queue with its wait budget spent: answered 429
+            out.records[rid].rejected = True
+        return out
+
+    result = sim(requests, progress)
     metrics = compute_metrics(result, requests, profile)
+    if admission is not None:
+        metrics |= admission_metrics(result, requests)
+        metrics["rejected"] = sum(r.rejected for r in result.records)
+        half = None
+        if reference:
+            by_band = admission_metrics(sim(reference, None), reference)["by_priority"]
+            half = by_band["high"]["ttft_p99"]  # type: ignore[index]
+        metrics["high_ttft_p99_at_half_load"] = half
     series = load_series(result.records, result.worker_ids)
     ttft = sorted(r.first_token_s - r.arrival_s for r in result.records if r.first_token_s is not None)
     samples = (
@@ -102,6 +173,7 @@ def run_policy(
     return PolicyRun(
         policy=policy,
         metrics=metrics,
+        admission=admission,
         ttft_samples=samples,
         load_period_s=series.period_s,
         load_inflight=series.inflight,
@@ -109,15 +181,36 @@ def run_policy(
     )
 
 
-def _safe_run(*args: object) -> PolicyRun:
+def _safe_run(*args: object, **kwargs: object) -> PolicyRun:
     try:
-        return run_policy(*args)  # type: ignore[arg-type]
+        return run_policy(*args, **kwargs)  # type: ignore[arg-type]
     except Exception as e:  # a broken peer must not sink the other policies' results
-        return PolicyRun(policy=str(args[0]), metrics={}, error=f"{type(e).__name__}: {e}")
+        admission = kwargs.get("admission")
+        return PolicyRun(
+            policy=str(args[0]),
+            metrics={},
+            admission=None if admission is None else str(admission),
+            error=f"{type(e).__name__}: {e}",
+        )
+
+
+Task = tuple[str, "Workload"] | tuple[str, "Workload", str | None]  # (policy, workload[, admission])
+
+
+def _task_kwargs(task: Task) -> dict[str, object]:
+    admission = task[2] if len(task) > 2 else None
+    if admission is None:
+        return {}
+    return {"admission": admission, "reference": task[1].reference}
+
+
+def _label(task: Task) -> str:
+    admission = task[2] if len(task) > 2 else None
+    return task[0] if admission is None else f"{task[0]}+{admission}"
 
 
 def run_policies(
-    tasks: Sequence[tuple[str, Workload]],
+    tasks: Sequence[Task],
     profile_name: str,
     workers: int,
     seed: int,
@@ -125,12 +218,13 @@ def run_policies(
     scrape_period_s: float = 0.05,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> list[PolicyRun]:
-    """Run (policy, workload) tasks, `jobs` processes at a time; results in task order."""
+    """Run (policy, workload[, admission]) tasks, `jobs` processes at a time; results in task order."""
     total = len(tasks)
     results: list[PolicyRun | None] = [None] * total
     log(f"simulating {total} run(s) on {workers} workers, {min(jobs, total)} process(es)")
     if jobs <= 1 or total == 1:
-        for i, (policy, workload) in enumerate(tasks):
+        for i, task in enumerate(tasks):
+            policy, workload = task[0], task[1]
             results[i] = _safe_run(
                 policy,
                 workload.requests,
@@ -138,14 +232,25 @@ def run_policies(
                 workers,
                 seed,
                 scrape_period_s,
-                _progress(policy, log),
+                _progress(_label(task), log),
+                **_task_kwargs(task),
             )
             _report_done(i + 1, total, results[i], log)  # type: ignore[arg-type]
         return [r for r in results if r is not None]
     with ProcessPoolExecutor(max_workers=min(jobs, total)) as pool:
         futures: dict[Future[PolicyRun], int] = {
-            pool.submit(_safe_run, policy, workload.requests, profile_name, workers, seed, scrape_period_s): i
-            for i, (policy, workload) in enumerate(tasks)
+            pool.submit(
+                _safe_run,
+                task[0],
+                task[1].requests,
+                profile_name,
+                workers,
+                seed,
+                scrape_period_s,
+                None,
+                **_task_kwargs(task),
+            ): i
+            for i, task in enumerate(tasks)
         }
         for done, future in enumerate(as_completed(futures), start=1):
             run = future.result()
@@ -168,11 +273,12 @@ def _progress(policy: str, log: Callable[[str], None], every_s: float = 5.0) -> 
 
 
 def _report_done(done: int, total: int, run: PolicyRun, log: Callable[[str], None]) -> None:
+    label = run.policy if run.admission is None else f"{run.policy}+{run.admission}"
     if run.error:
-        log(f"[{done}/{total}] {run.policy} FAILED: {run.error}")
+        log(f"[{done}/{total}] {label} FAILED: {run.error}")
         return
     p99 = run.metrics.get("ttft_p99", math.nan)
-    log(f"[{done}/{total}] {run.policy} done in {run.wall_s:.1f} s (ttft p99 {p99:.3f} s)")
+    log(f"[{done}/{total}] {label} done in {run.wall_s:.1f} s (ttft p99 {p99:.3f} s)")
 
 
 def results_document(
@@ -189,6 +295,7 @@ def results_document(
         },
         "runs": [
             {"policy": r.policy, "metrics": _finite(r.metrics), "wall_s": r.wall_s}
+            | ({"admission": r.admission} if r.admission is not None else {})
             | ({"error": r.error} if r.error else {})
             for r in runs
         ],
@@ -201,5 +308,13 @@ def results_document(
 
 
 def _finite(metrics: dict[str, object]) -> dict[str, object]:
-    """NaN (no samples) becomes null so the file is strict JSON."""
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
+    """NaN (no samples) becomes null so the file is strict JSON (nested objects too)."""
+    return {k: _finite_value(v) for k, v in metrics.items()}
+
+
+def _finite_value(value: object) -> object:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_value(v) for k, v in value.items()}
+    return value

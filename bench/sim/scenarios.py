@@ -19,8 +19,10 @@ import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+from bench.sim.profiles import EngineProfile
 from bench.sim.traces import TRACE_BLOCK_TOKENS
 from bench.sim.types import SimRequest
+from policy.types import Band
 
 Segment = tuple[Hashable, int]  # (content key, tokens)
 
@@ -67,9 +69,11 @@ def _request(
     segments: Sequence[Segment],
     output: int,
     tenant: str = "default",
+    band: Band = Band.NORMAL,
+    slo_ttft_s: float | None = None,
 ) -> SimRequest:
     ids, sizes = blocks.blocks(segments)
-    return SimRequest(rid, at_s, sum(sizes), output, ids, sizes, tenant=tenant)
+    return SimRequest(rid, at_s, sum(sizes), output, ids, sizes, band, tenant, slo_ttft_s)
 
 
 def _zipf_cum_weights(n: int, s: float) -> list[float]:
@@ -197,6 +201,98 @@ def multi_tenant(seed: int, n: int = 4000) -> list[SimRequest]:
 
 
 @dataclass(frozen=True, slots=True)
+class Stream:
+    """One kind of traffic of the overload scenario; loads are fractions of cluster capacity."""
+
+    name: str
+    band: Band
+    tenants: tuple[str, ...]
+    steady_load: float
+    burst_load: float
+    slo_ttft_s: float
+    shared_tokens: tuple[int, int]  # per-tenant system prompt length range (0, 0) = none
+    unique_tokens: tuple[int, int]
+    output_tokens: tuple[int, int]
+
+
+# steady 0.6 = 0.15 high + 0.15 normal + 0.30 low; burst 2.0 = 0.30 high + 0.15 normal + 1.00 from one
+# flooding tenant (normal band) + 0.55 low. Online traffic is short, under per-tenant system prompts,
+# with a tight TTFT SLO; offline traffic has long prompts and outputs and a loose SLO.
+OVERLOAD_STREAMS = (
+    Stream(
+        "chat", Band.HIGH, ("chat-a", "chat-b", "chat-c"), 0.15, 0.30, 2.0, (1024, 2048), (50, 600), (50, 250)
+    ),
+    Stream(
+        "api", Band.NORMAL, ("api-1", "api-2", "api-3"), 0.15, 0.15, 10.0, (512, 512), (500, 3000), (100, 400)
+    ),
+    Stream("flood", Band.NORMAL, ("api-flood",), 0.0, 1.0, 10.0, (512, 512), (500, 3000), (100, 400)),
+    Stream("batch", Band.LOW, ("batch-x", "batch-y"), 0.30, 0.55, 60.0, (0, 0), (4000, 12_000), (300, 1500)),
+)
+OVERLOAD_PHASES_S = (60.0, 60.0, 90.0)  # steady, burst (2x capacity), back to steady
+HALF_LOAD_SCALE = 0.5 / 0.6  # the steady mix scaled to 0.5 of capacity (the reference run)
+
+
+def overload_requests(
+    seed: int,
+    profile: EngineProfile,
+    workers: int,
+    load_scale: float = 1.0,
+    burst: bool = True,
+    streams: Sequence[Stream] = OVERLOAD_STREAMS,
+    phases_s: tuple[float, float, float] = OVERLOAD_PHASES_S,
+) -> list[SimRequest]:
+    """The overload scenario in absolute virtual seconds for `workers` engines of `profile`.
+
+    Each stream is a Poisson process per phase whose rate makes its work (bench/sim/load.py's W, no
+    cache hits) equal its load x `load_scale` x capacity. `burst=False` keeps the steady mix during the
+    burst window (the half-load reference: `load_scale=HALF_LOAD_SCALE, burst=False`)."""
+    from bench.sim.load import decode_token_cost_s, request_work_s
+
+    rng, blocks = random.Random(seed), PromptBlocks()
+    drafts: list[tuple[float, Stream, str, list[Segment], int]] = []
+    for stream in streams:
+        # rates need the stream's mean work: estimate it on a fixed sample of its content
+        sample = [_overload_content(random.Random(f"{stream.name}:{i}"), stream, i) for i in range(200)]
+        probe = [SimRequest(0, 0.0, sum(t for _, t in segs), out, (), ()) for _, segs, out in sample]
+        per_token = decode_token_cost_s(profile, probe)
+        mean_work = sum(request_work_s(profile, r, per_token) for r in probe) / len(probe)
+        start = 0.0
+        for phase, length in enumerate(phases_s):
+            load = stream.burst_load if phase == 1 and burst else stream.steady_load
+            rate = load * load_scale * workers / mean_work
+            t = start
+            while rate > 0:
+                t += rng.expovariate(rate)
+                if t >= start + length:
+                    break
+                tenant, segs, out = _overload_content(rng, stream, len(drafts))
+                drafts.append((t, stream, tenant, segs, out))
+            start += length
+    drafts.sort(key=lambda d: d[0])
+    return [
+        _request(blocks, i, t, segs, out, tenant, stream.band, stream.slo_ttft_s)
+        for i, (t, stream, tenant, segs, out) in enumerate(drafts)
+    ]
+
+
+def _overload_content(rng: random.Random, stream: Stream, key: int) -> tuple[str, list[Segment], int]:
+    tenant = rng.choice(stream.tenants)
+    segments: list[Segment] = []
+    if stream.shared_tokens[1] > 0:  # one system prompt per tenant, its length fixed by the name
+        segments.append((("sys", tenant), random.Random(tenant).randint(*stream.shared_tokens)))
+    segments.append(((stream.name, key), rng.randint(*stream.unique_tokens)))
+    return tenant, segments, rng.randint(*stream.output_tokens)
+
+
+def overload(seed: int, n: int = 100_000) -> list[SimRequest]:
+    """The overload scenario for the default profile and 8 workers; the runner rebuilds it for the
+    actual profile and worker count (`bench.sim.runner.load_requests`)."""
+    from bench.sim.profiles import load_profile
+
+    return overload_requests(seed, load_profile("h100-llama3.1-8b"), 8)[:n]
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     name: str
     build: Callable[[int, int], list[SimRequest]]  # (seed, n) -> requests sorted by arrival
@@ -204,8 +300,6 @@ class Scenario:
     help: str
 
 
-# Extension point: an `overload` scenario (bands, tenants with quotas, TTFT SLOs for goodput) belongs
-# here once an AdmissionGate exists (later issue); SimRequest already carries band/tenant/slo_ttft_s.
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -216,6 +310,12 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("burst", burst, 3000, "steady load with a 4x burst; 16 system prompts"),
         Scenario(
             "multi_tenant", multi_tenant, 4000, "150 tenant system prompts; working set 3.5x one worker"
+        ),
+        Scenario(
+            "overload",
+            overload,
+            100_000,
+            "3 bands, 9 tenants, TTFT SLOs: steady 0.6, 2x capacity for 60 s (a tenant floods), back",
         ),
     )
 }
