@@ -151,6 +151,12 @@ class KvGate:
         # redis-py's default pool raises MaxConnectionsError past 100 concurrent commands, which a
         # burst of queued requests reaches; its blocking pool costs more per command, so: a high cap
         self.redis = aioredis.Redis.from_url(url, max_connections=REDIS_CONNECTIONS)
+        try:
+            await asyncio.wait_for(self.redis.ping(), 5.0)
+        except (RedisError, OSError, TimeoutError) as e:
+            # an error logged during startup makes mitmproxy exit with status 1 (errorcheck addon)
+            logger.error("kvgate: cannot reach Redis at %s: %s", url, e)
+            return
         config = self.config
         self.pool = SlotPool(
             self.redis, gateway_id=self.gateway_id, lease_ms=config.admission.lease_ms,
