@@ -40,7 +40,7 @@ from plugin.admit import Admission
 from plugin.auth import Auth
 from plugin.config import ConfigError, GatewayConfig, load_config
 from plugin.decision_log import DecisionLog
-from plugin.errors import json_response
+from plugin.errors import install_json_protocol_errors, json_response
 from plugin.intake import Intake
 from plugin.metrics import GatewayMetrics
 from plugin.mirror import ClusterMirror, wall_ms
@@ -142,6 +142,8 @@ class KvGate:
             return
         self._started = True
         opts = ctx.options
+        if not install_json_protocol_errors():
+            logger.warning("kvgate: mitmproxy's own error pages stay HTML in this version")
         self.gateway_id = opts.kvgate_gateway_id or f"{socket.gethostname()}-{os.getpid()}"
         url = opts.kvgate_redis_url
         if not url:

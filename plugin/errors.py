@@ -89,3 +89,34 @@ def openai_error(
 
 def json_response(status: int, payload: object) -> http.Response:
     return http.Response.make(status, json.dumps(payload).encode(), {"content-type": "application/json"})
+
+
+PROTOCOL_ERROR_CODES = {400: "bad_request", 408: "timeout", 413: "request_too_large", 502: "upstream_error",
+                        504: "upstream_timeout"}  # fmt: skip
+
+
+def json_protocol_error(status_code: int, message: str = "") -> bytes:
+    """A drop-in for mitmproxy's `_http1.make_error_response`: the same status, as OpenAI-style JSON."""
+    from mitmproxy import version
+    from mitmproxy.net.http import http1
+
+    code = PROTOCOL_ERROR_CODES.get(status_code, "proxy_error")
+    response = http.Response.make(
+        status_code,
+        error_body(status_code, code, message or f"HTTP {status_code}"),
+        {"server": version.MITMPROXY, "connection": "close", "content-type": "application/json"},
+    )
+    return bytes(http1.assemble_response(response))
+
+
+def install_json_protocol_errors() -> bool:
+    """Make mitmproxy's own HTTP/1 error responses (worker unreachable 502, body over
+    body_size_limit 413, malformed HTTP 400) JSON instead of its HTML page. Hooks cannot restyle
+    them (MITMPROXY.md §5), so this replaces the module function they are built with; returns False
+    if this mitmproxy version has no such function (the HTML pages stay)."""
+    from mitmproxy.proxy.layers.http import _http1
+
+    if not callable(getattr(_http1, "make_error_response", None)):
+        return False
+    _http1.make_error_response = json_protocol_error  # type: ignore[assignment]
+    return True

@@ -89,6 +89,8 @@ BAD_REQUESTS = [
     pytest.param(json.dumps({"model": MODEL, "messages": []}).encode(), 400, "missing_messages", id="empty"),
     pytest.param(json.dumps({**chat(MODEL, "x"), "max_tokens": "9"}).encode(), 400, "invalid_type", id="str"),
     pytest.param(json.dumps(chat(MODEL, "x" * 3000)).encode(), 413, "request_too_large", id="oversized"),
+    # over mitmproxy's body_size_limit (2 x max_body_bytes): mitmproxy's own 413, made JSON
+    pytest.param(json.dumps(chat(MODEL, "x" * 5000)).encode(), 413, "request_too_large", id="way oversized"),
     pytest.param(json.dumps(chat("nope", "x")).encode(), 404, "model_not_found", id="unknown model"),
 ]  # fmt: skip
 
@@ -214,3 +216,18 @@ async def test_quota_holds_across_two_gateways(redis_url: str, redis: aioredis.R
             assert peak is not None and 1 <= peak <= 2
     finally:
         await runner.cleanup()
+
+
+async def test_unreachable_worker_gives_json_502_and_frees_the_slot(
+    redis_url: str, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    upstream = await SseUpstream(MODEL).start()
+    gw = Gateway(redis_url, write_config(tmp_path, 1), workers=[upstream.url], model=MODEL, log_dir=tmp_path)
+    async with gateways(gw):
+        await upstream.close()  # the worker dies; its lease has a few seconds left
+        for _ in range(2):  # the second one would get 429 if the first had kept the only slot
+            status, headers, body = await post(f"{gw.url}/v1/chat/completions", chat(MODEL, "x"),
+                                               headers={"x-kvgate-max-wait-ms": "0"})  # fmt: skip
+            assert (status, headers["Content-Type"]) == (502, "application/json")
+            assert json.loads(body)["error"]["code"] == "upstream_error"
+        assert await inflight(gw) == 0

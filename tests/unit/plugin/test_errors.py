@@ -40,3 +40,17 @@ def test_gateway_error_carries_extra_fields() -> None:
     error = GatewayError(429, "queue_full", "full", retry_after_s=4, extra={"estimated_wait_s": 3.5})
     body = json.loads(error.to_response().content or b"")
     assert body["error"]["estimated_wait_s"] == 3.5
+
+
+def test_mitmproxy_protocol_errors_become_json() -> None:
+    from mitmproxy.proxy.layers.http import _http1
+
+    from plugin.errors import install_json_protocol_errors, json_protocol_error
+
+    raw = json_protocol_error(502, "Connection refused")
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 502") and b"content-type: application/json" in head
+    assert json.loads(body)["error"] == {"message": "Connection refused", "type": "upstream_error",
+                                         "param": None, "code": "upstream_error"}  # fmt: skip
+    assert install_json_protocol_errors()
+    assert _http1.make_error_response is json_protocol_error
