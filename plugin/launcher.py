@@ -14,6 +14,7 @@ with its JSON 413). With no --redis the addon starts an embedded redis-server.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -33,9 +34,13 @@ IDLE_TIMEOUT_S = 3600
 class KvGateMaster(DumpMaster):
     """mitmdump with the kvgate addon built in and gateway-friendly defaults."""
 
+    log_connections = False
+
     def __init__(self, opts: options.Options, **kwargs: object) -> None:
         super().__init__(opts, **kwargs)
         self.addons.add(KvGate())
+        if not self.log_connections:  # two INFO lines per client connection cost CPU at load
+            logging.getLogger("mitmproxy.proxy.server").setLevel(logging.WARNING)
         defaults: dict[str, object] = {
             "connection_strategy": "lazy",
             "onboarding": False,
@@ -64,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--gateway-id", default="", help="this gateway's name (default hostname-pid)")
     parser.add_argument("--confdir", default="", help="mitmproxy confdir (default: a private temp dir)")
+    parser.add_argument("--log-connections", action="store_true", help="log every client connect/disconnect")
     parser.add_argument("mitmdump_args", nargs="*", help="after --: extra mitmdump arguments")
     return parser
 
@@ -95,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"kvgate proxy: invalid config: {e}", file=sys.stderr)
         return 2
+    KvGateMaster.log_connections = args.log_connections
     with tempfile.TemporaryDirectory(prefix="kvgate-mitm-") as tmp:
         confdir = args.confdir or str(Path(tmp) / "confdir")
         run(KvGateMaster, cmdline.mitmdump, mitmdump_args(args, confdir))
