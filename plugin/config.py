@@ -127,7 +127,7 @@ class ModelSection:
 @dataclass(frozen=True)
 class RoutingSection:
     policy: str = "kvgate"  # kvgate | article | round_robin | least_loaded
-    chunk_chars: int = 256  # approximate mode: characters per hashed prefix block
+    chunk_chars: int = 512  # approximate mode: characters per hashed block (CPU vs precision)
     refresh_ms: int = 500  # worker registry mirror refresh period
     write_index: bool = True  # approximate mode: write index entries to Redis after routing
     seed: int = 0
