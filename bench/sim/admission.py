@@ -30,9 +30,6 @@ from bench.sim.profiles import EngineProfile, prefill_time_s
 from bench.sim.types import ClusterView, Router, SimRequest
 from policy.admission import (
     DEFAULT_AGING_MS,
-    DEFAULT_MAX_SEATS,
-    DEFAULT_SHARES,
-    DEFAULT_TOKENS_PER_SEAT,
     SCAN,
     Usage,
     band_ok,
@@ -173,10 +170,16 @@ class GieFlowGate(BaseGate):
 class KvgateConfig:
     """Knobs of the kvgate gate (defaults are what `--admission kvgate` runs)."""
 
-    tokens_per_seat: int = DEFAULT_TOKENS_PER_SEAT
-    max_seats: int = DEFAULT_MAX_SEATS
+    # 512-token seats (policy default 4096): short online requests are not priced like 4k-token ones,
+    # so the KV-sized quota is not exhausted by online traffic using a fraction of the KV it reserves
+    tokens_per_seat: int = 512
+    max_seats: int = 64
     seats_per_worker: int | None = None  # None: the worker's KV capacity in seats
-    shares: Mapping[Band, float] = field(default_factory=lambda: dict(DEFAULT_SHARES))
+    # nominal band shares of the total: high borrows everything free, normal borrows from low, low never
+    # borrows; a small high share because high may take any free seat (policy default 0.5/0.3/0.2)
+    shares: Mapping[Band, float] = field(
+        default_factory=lambda: {Band.HIGH: 0.2, Band.NORMAL: 0.5, Band.LOW: 0.3}
+    )
     aging_ms: int = DEFAULT_AGING_MS
     # wait budget when the request has no SLO, and the "acceptable wait" of the queue-length rule
     wait_s: Mapping[Band, float] = field(
@@ -184,6 +187,11 @@ class KvgateConfig:
     )
     qps_window_s: float = 10.0  # expected QPS per band = arrivals in the last window / window
     slo_reject: bool = True  # Mooncake-style early rejection on the predicted TTFT
+    # sustained pressure: a band above LOW has had waiters for this long -> new LOW requests are refused
+    shed_low_after_s: float | None = 1.0
+    # second step, prefill headroom: a band below HIGH is granted only while the cluster's pending
+    # prefill tokens (R) stay under this, so an online request finds a worker not busy prefilling
+    prefill_budget_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -235,10 +243,13 @@ class KvgateGate(BaseGate):
         self.hold_s = 0.0  # moving average of lease hold times
         self.arrivals: dict[Band, deque[float]] = {b: deque() for b in Band}
         self.ready: list[SimRequest] = []
+        self.pressure_since_ms: int | None = None  # since when a band above LOW has had waiters
+        self.cluster: ClusterView | None = None  # the cluster last seen (the same object every call)
 
     # ---- AdmissionGate ----------------------------------------------------------------------------
 
     def admit(self, req: SimRequest, cluster: ClusterView, now_s: float) -> Verdict:
+        self.cluster = cluster
         now_ms = _ms(now_s)
         self._reap(now_ms)
         self._pump(now_ms)
@@ -253,6 +264,8 @@ class KvgateGate(BaseGate):
         )
         if cfg.slo_reject and req.slo_ttft_s is not None and engine_ttft > req.slo_ttft_s:
             return Verdict.REJECT
+        if band == Band.LOW and self._sustained_pressure(now_ms):
+            return Verdict.REJECT  # shed batch traffic first
         queue = self.queues[band]
         was_empty = not queue
         prev_tag = self.tags[band].get(req.tenant)
@@ -281,6 +294,7 @@ class KvgateGate(BaseGate):
         return Verdict.QUEUE
 
     def release(self, cluster: ClusterView, now_s: float) -> Sequence[SimRequest]:
+        self.cluster = cluster
         now_ms = _ms(now_s)
         self._reap(now_ms)
         self._pump(now_ms)
@@ -308,15 +322,18 @@ class KvgateGate(BaseGate):
 
     def _best_worker(self, req: SimRequest, cluster: ClusterView) -> tuple[int, float]:
         """(uncached prompt tokens, predicted engine TTFT) on the worker where the TTFT is lowest:
-        its pending prefill plus this prompt's uncached part, at the profile's prefill speed."""
+        its pending prefill at one chunk per step, then this prompt's uncached part (Mooncake's
+        queue time + prefill time)."""
         best: tuple[int, float] | None = None
         blocks = req.block_tokens
+        chunk = self.profile.max_num_batched_tokens
+        chunk_s = prefill_time_s(self.profile, chunk, 0)
         for wid in cluster.worker_ids:
             cached = sum(blocks[: cluster.cached_prefix_blocks(wid, req)])
             uncached = req.input_tokens - cached
-            ttft = prefill_time_s(
-                self.profile, cluster.pending_prefill_tokens(wid) + max(1, uncached), cached
-            )
+            # prompts ahead are separate requests: chunked prefill clears them at one chunk per step
+            ahead_s = cluster.pending_prefill_tokens(wid) / chunk * chunk_s
+            ttft = ahead_s + prefill_time_s(self.profile, max(1, uncached), cached)
             if best is None or ttft < best[1]:
                 best = (uncached, ttft)
         return best or (req.input_tokens, 0.0)
@@ -328,6 +345,24 @@ class KvgateGate(BaseGate):
             window.popleft()
         return queue_limit(len(window) / self.config.qps_window_s, self.config.wait_s[band])
 
+    def _sustained_pressure(self, now_ms: int) -> bool:
+        limit = self.config.shed_low_after_s
+        since = self.pressure_since_ms
+        return limit is not None and since is not None and now_ms - since >= _ms(limit)
+
+    def _track_pressure(self, now_ms: int) -> None:
+        waiting_above_low = any(self.queues[b] for b in Band if b > Band.LOW)
+        if not waiting_above_low:
+            self.pressure_since_ms = None
+        elif self.pressure_since_ms is None:
+            self.pressure_since_ms = now_ms
+
+    def _prefill_headroom(self) -> bool:
+        budget, cluster = self.config.prefill_budget_tokens, self.cluster
+        if budget is None or cluster is None:
+            return True
+        return sum(cluster.pending_prefill_tokens(w) for w in cluster.worker_ids) < budget
+
     def _usage(self) -> Usage:
         return Usage(self.used_total, self.used_band, self.used_tenant)
 
@@ -337,7 +372,10 @@ class KvgateGate(BaseGate):
         while True:
             usage = self._usage()
             best: tuple[int, int, int] | None = None  # id, effective priority, since
+            headroom = self._prefill_headroom()
             for band in BANDS_DOWN:
+                if band < Band.HIGH and not headroom:
+                    continue
                 for _, rid in self.queues[band][:SCAN]:
                     w = self.waiters[rid]
                     if tenant_ok(self.quota, usage, w.req.tenant, w.seats) and band_ok(
@@ -349,6 +387,7 @@ class KvgateGate(BaseGate):
                             best = (rid, eff, since)
                         break
             if best is None or not total_ok(self.quota, usage, self.waiters[best[0]].seats):
+                self._track_pressure(now_ms)
                 return granted
             self._grant(now_ms, best[0])
             granted.append(best[0])
