@@ -244,17 +244,52 @@ def overload_requests(
     """The overload scenario in absolute virtual seconds for `workers` engines of `profile`.
 
     Each stream is a Poisson process per phase whose rate makes its work (bench/sim/load.py's W, no
-    cache hits) equal its load x `load_scale` x capacity. `burst=False` keeps the steady mix during the
-    burst window (the half-load reference: `load_scale=HALF_LOAD_SCALE, burst=False`)."""
-    from bench.sim.load import decode_token_cost_s, request_work_s
+    cache hits) equal its load x `load_scale` x capacity. W's per-token decode cost depends on the whole
+    workload's mean context, so it is taken from a first draft and the workload drawn again with it.
+    `burst=False` keeps the steady mix during the burst window (the half-load reference:
+    `load_scale=HALF_LOAD_SCALE, burst=False`)."""
+    from bench.sim.load import decode_token_cost_s
 
-    rng, blocks = random.Random(seed), PromptBlocks()
-    drafts: list[tuple[float, Stream, str, list[Segment], int]] = []
-    for stream in streams:
-        # rates need the stream's mean work: estimate it on a fixed sample of its content
+    def probe(stream: Stream) -> list[SimRequest]:  # a fixed sample of the stream's content
         sample = [_overload_content(random.Random(f"{stream.name}:{i}"), stream, i) for i in range(200)]
-        probe = [SimRequest(0, 0.0, sum(t for _, t in segs), out, (), ()) for _, segs, out in sample]
-        per_token = decode_token_cost_s(profile, probe)
+        return [SimRequest(0, 0.0, sum(t for _, t in segs), out, (), ()) for _, segs, out in sample]
+
+    probes = {stream.name: probe(stream) for stream in streams}
+    per_token = decode_token_cost_s(profile, [r for p in probes.values() for r in p])
+    for _ in range(2):
+        drafts = _overload_drafts(
+            seed, profile, workers, load_scale, burst, streams, phases_s, probes, per_token
+        )
+        per_token = decode_token_cost_s(
+            profile, [SimRequest(0, 0.0, sum(t for _, t in d[3]), d[4], (), ()) for d in drafts]
+        )
+    blocks = PromptBlocks()
+    return [
+        _request(blocks, i, t, segs, out, tenant, stream.band, stream.slo_ttft_s)
+        for i, (t, stream, tenant, segs, out) in enumerate(drafts)
+    ]
+
+
+Draft = tuple[float, "Stream", str, list[Segment], int]  # (arrival, stream, tenant, segments, output)
+
+
+def _overload_drafts(
+    seed: int,
+    profile: EngineProfile,
+    workers: int,
+    load_scale: float,
+    burst: bool,
+    streams: Sequence[Stream],
+    phases_s: tuple[float, float, float],
+    probes: dict[str, list[SimRequest]],
+    per_token: float,
+) -> list[Draft]:
+    from bench.sim.load import request_work_s
+
+    rng = random.Random(seed)
+    drafts: list[Draft] = []
+    for stream in streams:
+        probe = probes[stream.name]
         mean_work = sum(request_work_s(profile, r, per_token) for r in probe) / len(probe)
         start = 0.0
         for phase, length in enumerate(phases_s):
@@ -269,10 +304,7 @@ def overload_requests(
                 drafts.append((t, stream, tenant, segs, out))
             start += length
     drafts.sort(key=lambda d: d[0])
-    return [
-        _request(blocks, i, t, segs, out, tenant, stream.band, stream.slo_ttft_s)
-        for i, (t, stream, tenant, segs, out) in enumerate(drafts)
-    ]
+    return drafts
 
 
 def _overload_content(rng: random.Random, stream: Stream, key: int) -> tuple[str, list[Segment], int]:

@@ -1,0 +1,146 @@
+"""The overload scenario's shape, the admission metrics, and `kvgate bench sim --admission` end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bench.sim.cli import main
+from bench.sim.cluster import RequestRecord, SimResult
+from bench.sim.load import decode_token_cost_s, request_work_s
+from bench.sim.metrics import admission_metrics
+from bench.sim.profiles import load_profile
+from bench.sim.scenarios import HALF_LOAD_SCALE, OVERLOAD_PHASES_S, overload_requests
+from bench.sim.types import SimRequest
+from policy.types import Band
+
+PROFILE = load_profile("h100-llama3.1-8b")
+PHASES = ((0.0, 60.0), (60.0, 120.0), (120.0, 210.0))
+
+
+def phase_loads(reqs: list[SimRequest], workers: int) -> list[float]:
+    """Offered load of each phase in load.py's convention (W with the workload's decode cost)."""
+    per_token = decode_token_cost_s(PROFILE, reqs)
+    return [
+        sum(request_work_s(PROFILE, r, per_token) for r in reqs if lo <= r.arrival_s < hi)
+        / ((hi - lo) * workers)
+        for lo, hi in PHASES
+    ]
+
+
+@pytest.mark.parametrize("workers", [2, 8])
+def test_overload_is_steady_then_twice_capacity_for_60_s_then_steady(workers: int) -> None:
+    assert OVERLOAD_PHASES_S == (60.0, 60.0, 90.0)
+    steady, burst, after = phase_loads(overload_requests(1, PROFILE, workers), workers)
+    assert 0.5 <= steady <= 0.8 and 0.5 <= after <= 0.8
+    assert 1.8 <= burst <= 2.2
+
+
+def test_half_load_reference_is_the_steady_mix_at_half_capacity() -> None:
+    reqs = overload_requests(1, PROFILE, 8, load_scale=HALF_LOAD_SCALE, burst=False)
+    assert all(0.45 <= load <= 0.55 for load in phase_loads(reqs, 8))
+    assert "api-flood" not in {r.tenant for r in reqs}
+
+
+def test_bands_tenants_slos_and_the_flooding_tenant() -> None:
+    reqs = overload_requests(1, PROFILE, 8)
+    slo = {Band.HIGH: 2.0, Band.NORMAL: 10.0, Band.LOW: 60.0}
+    assert all(r.slo_ttft_s == slo[r.band] for r in reqs)
+    tenants = {band: {r.tenant for r in reqs if r.band == band} for band in Band}
+    assert tenants[Band.HIGH] == {"chat-a", "chat-b", "chat-c"}
+    assert tenants[Band.NORMAL] == {"api-1", "api-2", "api-3", "api-flood"}
+    assert tenants[Band.LOW] == {"batch-x", "batch-y"}
+    flood = [r for r in reqs if r.tenant == "api-flood"]
+    assert all(60.0 <= r.arrival_s < 120.0 for r in flood)
+    in_burst = [r for r in reqs if 60.0 <= r.arrival_s < 120.0 and r.band == Band.NORMAL]
+    assert len(flood) / len(in_burst) > 0.8  # one tenant floods its band
+    # online prompts are short and share a per-tenant system prompt; offline ones are long
+    assert max(r.input_tokens for r in reqs if r.band == Band.HIGH) <= 2048 + 600
+    assert min(r.input_tokens for r in reqs if r.band == Band.LOW) >= 4000
+    chat_a = [r.block_ids[0] for r in reqs if r.tenant == "chat-a"]
+    assert len(set(chat_a)) == 1
+
+
+def test_overload_is_deterministic_by_seed() -> None:
+    assert overload_requests(4, PROFILE, 2) == overload_requests(4, PROFILE, 2)
+    assert overload_requests(4, PROFILE, 2) != overload_requests(5, PROFILE, 2)
+
+
+def record(
+    rid: int, band: Band, arrival: float, dispatch: float | None, first: float | None, **kw: object
+) -> RequestRecord:
+    finish = None if first is None else first + 1.0
+    return RequestRecord(rid, arrival, 10, 10, int(band), "t", "w0", dispatch, first, finish, **kw)  # type: ignore[arg-type]
+
+
+def test_admission_metrics_goodput_and_per_band_numbers() -> None:
+    cases = [  # (band, slo, arrival, dispatch, first token, rejected, good?)
+        (Band.HIGH, 2.0, 0.0, 0.0, 1.5, False, True),
+        (Band.HIGH, 2.0, 0.0, 1.0, 2.5, False, False),  # over its SLO
+        (Band.NORMAL, None, 0.0, 4.0, 30.0, False, True),  # no SLO: finishing is enough
+        (Band.LOW, 60.0, 0.0, None, None, True, False),  # rejected never counts
+        (Band.LOW, 60.0, 5.0, 17.0, 18.0, False, True),
+    ]
+    requests = [SimRequest(i, c[2], 10, 10, (i,), (10,), c[0], "t", c[1]) for i, c in enumerate(cases)]
+    records = [record(i, c[0], c[2], c[3], c[4], rejected=c[5]) for i, c in enumerate(cases)]
+    result = SimResult("p", records, ["w0"], {"w0": 1.0}, {}, {}, 40.0)
+    m = admission_metrics(result, requests)
+    assert m["goodput"] == pytest.approx(3 / 5)
+    by = m["by_priority"]
+    assert isinstance(by, dict)
+    assert by["high"]["ttft_p50"] == pytest.approx(2.0) and by["high"]["max_wait"] == 1.0
+    assert by["normal"]["completed"] == 1 and by["normal"]["max_wait"] == 4.0
+    assert (by["low"]["completed"], by["low"]["rejected"], by["low"]["max_wait"]) == (1, 1, 12.0)
+    assert math.isclose(by["low"]["ttft_p99"], 13.0)
+
+
+def test_cli_admission_runs_one_per_policy_and_gate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "--scenario",
+        "overload",
+        "--limit",
+        "400",
+        "--workers",
+        "2",
+        "--policies",
+        "round_robin,least_inflight",
+    ]
+    assert (
+        main([*argv, "--admission", "none,kvgate", "--jobs", "1", "--no-plots", "--out", str(tmp_path)]) == 0
+    )
+    doc = json.loads((tmp_path / "results.json").read_text())
+    pairs = [(r["policy"], r["admission"]) for r in doc["runs"]]
+    assert pairs == [
+        ("round_robin", "none"),
+        ("round_robin", "kvgate"),
+        ("least_inflight", "none"),
+        ("least_inflight", "kvgate"),
+    ]
+    for run in doc["runs"]:
+        m = run["metrics"]
+        assert 0.0 <= m["goodput"] <= 1.0 and m["ttft_p99"] is not None
+        assert set(m["by_priority"]) == {"high", "normal", "low"}
+        for band in m["by_priority"].values():
+            assert {"ttft_p50", "ttft_p99", "completed", "rejected", "max_wait"} <= set(band)
+        assert isinstance(m["high_ttft_p99_at_half_load"], float)
+    out = capsys.readouterr().out
+    assert "goodput" in out and "least_inflight [kvgate]" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        pytest.param(["--admission", "nope"], "unknown admission policy 'nope'", id="unknown gate"),
+        pytest.param(["--admission", "none", "--sweep"], "--sweep does not combine", id="sweep with gates"),
+    ],
+)
+def test_cli_admission_bad_input(
+    extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--scenario", "overload", "--limit", "50", *extra, "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
