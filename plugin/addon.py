@@ -285,7 +285,20 @@ class KvGate:
                 routing = self.router.models.get(model)
                 if routing is not None:
                     m.inflight.set(sum(routing.inflight.values()), model)
+                await self._global_admission_metrics(model)
         return m.render()
+
+    async def _global_admission_metrics(self, model: str) -> None:
+        if self.pool is None:
+            return
+        try:
+            snap = await asyncio.wait_for(self.pool.snapshot(model), 1.0)
+        except (RedisError, OSError, TimeoutError) as e:
+            logger.debug("admission snapshot of %s failed: %s", model, e)
+            return
+        self.metrics.seats_used.set(snap["used"]["total"], model)
+        for band, queued in snap["queued"].items():
+            self.metrics.global_queue.set(queued, model, band)
 
     # -- SIGTERM drain -------------------------------------------------------------------------------
     def _on_sigterm(self) -> None:

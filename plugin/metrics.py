@@ -120,6 +120,14 @@ class GatewayMetrics:
         self.queue_length = Gauge(
             "kvgate_queue_length", "Requests of this gateway waiting for a slot.", ("model",)
         )
+        self.global_queue = Gauge(
+            "kvgate_global_queue_length",
+            "Requests of all gateways waiting for a slot (Redis).",
+            ("model", "band"),
+        )
+        self.seats_used = Gauge(
+            "kvgate_seats_used", "Seats held by live leases of all gateways (Redis).", ("model",)
+        )
         self.inflight = Gauge(
             "kvgate_inflight_requests", "Requests this gateway holds a slot for.", ("model",)
         )
