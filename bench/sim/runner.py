@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 
-from bench.sim.admission import GatedRouter, make_gate
 from bench.sim.bounds import (
     infinite_cache_hit_rate,
     pooled_capacity_blocks,
@@ -146,6 +145,9 @@ def run_policy(
         router = make_router(policy, seed)
         if admission is None:
             return simulate(reqs, router, profile, workers, scrape_period_s=scrape_period_s, progress=report)
+        # imported here: a change in policy/admission.py must not break runs without a gate
+        from bench.sim.admission import GatedRouter, make_gate
+
         gate = make_gate(admission, profile, workers, seed)
         gated = GatedRouter(router, gate)
         out = simulate(
