@@ -37,7 +37,9 @@ from redis.exceptions import RedisError
 
 from agent.registry import WorkerRecord
 from plugin.admit import Admission
+from plugin.audit import Auditor
 from plugin.auth import Auth
+from plugin.autoscale import QueueSignalRefresher
 from plugin.config import ConfigError, GatewayConfig, load_config
 from plugin.decision_log import DecisionLog
 from plugin.errors import install_json_protocol_errors, json_response
@@ -73,6 +75,8 @@ class KvGate:
         self.router = Router(self.config.routing)
         self.decisions = DecisionLog(None)
         self.static: StaticWorkers | None = None
+        self.queue_signal: QueueSignalRefresher | None = None  # autoscaling gauges (plugin/autoscale.py)
+        self.auditor: Auditor | None = None  # drift audit (plugin/audit.py)
         self.draining = False
         self.waiters: dict[str, set[asyncio.Task[Any]]] = {}  # client id -> its queued acquisitions
         self.queued: dict[str, int] = {}  # model -> requests of this process waiting for a slot
@@ -185,6 +189,14 @@ class KvGate:
             on_refresh=self._on_refresh,
         )  # fmt: skip
         await self.mirror.start()
+        self.queue_signal = QueueSignalRefresher(self.pool, self.metrics, self.mirror.models)
+        await self.queue_signal.start()
+        if config.admission.audit_every_ms:
+            self.auditor = Auditor(
+                self.redis, self.metrics, gateway_id=self.gateway_id, models=self.mirror.models,
+                period_s=config.admission.audit_every_ms / 1000, threshold=config.admission.drift_warn,
+            )  # fmt: skip
+            await self.auditor.start()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._on_sigterm)
         logger.info("kvgate: gateway %s running (policy %s)", self.gateway_id, config.routing.policy)
@@ -192,7 +204,7 @@ class KvGate:
     async def done(self) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
-        for part in (self.mirror, self.static, self.router, self.decisions):
+        for part in (self.queue_signal, self.auditor, self.mirror, self.static, self.router, self.decisions):
             if part is not None:
                 with contextlib.suppress(Exception):
                     await part.close()

@@ -102,9 +102,13 @@ class AdmissionSection:
     # concurrent requests per model across all gateways when [models."<m>"].total is not set;
     # 0 = derive from the workers (sum of their max_concurrency)
     default_total: int = 0
+    audit_every_ms: int = 5_000  # leases vs workers' in-flight ids (plugin/audit.py); 0 = off
+    drift_warn: int = 1  # log a warning when the audited drift of a model reaches this
 
     def __post_init__(self) -> None:
         _at_least("admission.max_wait_ms", self.max_wait_ms, 0)
+        _at_least("admission.audit_every_ms", self.audit_every_ms, 0)
+        _at_least("admission.drift_warn", self.drift_warn, 1)
         _at_least("admission.default_total", self.default_total, 0)
         _at_least("admission.lease_ms", self.lease_ms, 100)
         _at_least("admission.renew_every_ms", self.renew_every_ms, 10)

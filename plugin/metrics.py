@@ -128,6 +128,16 @@ class GatewayMetrics:
         self.seats_used = Gauge(
             "kvgate_seats_used", "Seats held by live leases of all gateways (Redis).", ("model",)
         )
+        self.expected_wait = Gauge(
+            "kvgate_expected_queue_wait_seconds",
+            "Expected wait of a request arriving now at the back of the global queues (autoscaling).",
+            ("model",),
+        )
+        self.slot_drift = Gauge(
+            "kvgate_slot_drift",
+            "Leases without a request in flight on a worker plus in-flight ids without a lease (audit).",
+            ("model",),
+        )
         self.inflight = Gauge(
             "kvgate_inflight_requests", "Requests this gateway holds a slot for.", ("model",)
         )

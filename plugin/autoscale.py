@@ -1,0 +1,115 @@
+"""The autoscaling signal: per-model queue length and expected queue wait, refreshed in the background.
+
+Scaling inference workers on GPU utilization reacts late and wrongly (a saturated worker can show
+high utilization while its queue grows without bound, and an idle cache-heavy one can show low):
+scale on what users feel instead, the expected wait in the global admission queue. About once a
+second this task reads the model's admission state from Redis (`SlotPool.snapshot`, one script call
+per model) and sets two gauges on the gateway's /metrics:
+
+    kvgate_global_queue_length{model,band}      requests of all gateways waiting, per band
+    kvgate_expected_queue_wait_seconds{model}   wait of a request arriving now at the back of the queues
+
+The same read notices run-time quota changes (an operator's `HSET kvg:{m}:quota ...` or
+`set_quota()`) and logs them, so every gateway's log says when its limits changed (within ~1 s).
+docs/OPERATIONS.md shows the HPA and KEDA objects that scale on the expected wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from plugin.metrics import GatewayMetrics
+from plugin.slots import SlotPool
+from plugin.tasks import cancel_and_wait, spawn
+
+logger = logging.getLogger(__name__)
+
+REFRESH_S = 1.0
+
+
+@dataclass(frozen=True)
+class QueueSignal:
+    """One model's autoscaling signal, read from its admission snapshot."""
+
+    queued: Mapping[str, int]  # band name -> waiters
+    expected_wait_s: float
+
+
+def signal_of(snapshot: Mapping[str, Any]) -> QueueSignal:
+    return QueueSignal(
+        queued={band: int(n) for band, n in snapshot["queued"].items()},
+        expected_wait_s=float(snapshot.get("est_wait_s", 0.0)),
+    )
+
+
+def quota_change(old: Mapping[str, str] | None, new: Mapping[str, str]) -> str | None:
+    """A readable description of what changed between two quota hashes; None if nothing did (or if
+    `old` is None: the first read is a baseline, not a change)."""
+    if old is None or dict(old) == dict(new):
+        return None
+    parts = []
+    for key in sorted({*old, *new}):
+        before, after = old.get(key), new.get(key)
+        if before != after:
+            parts.append(
+                f"{key} {before if before is not None else '-'} -> {after if after is not None else '-'}"
+            )
+    return ", ".join(parts)
+
+
+class QueueSignalRefresher:
+    """Background task: every `period_s`, read each model's admission state and set the gauges."""
+
+    def __init__(
+        self,
+        pool: SlotPool,
+        metrics: GatewayMetrics,
+        models: Callable[[], Iterable[str]],
+        *,
+        period_s: float = REFRESH_S,
+    ) -> None:
+        self.pool = pool
+        self.metrics = metrics
+        self.models = models
+        self.period_s = period_s
+        self.quotas: dict[str, dict[str, str]] = {}  # model -> last quota hash seen
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = spawn(self._run(), name="kvgate-queue-signal")
+
+    async def close(self) -> None:
+        await cancel_and_wait(self._task)
+        self._task = None
+
+    async def refresh_once(self) -> dict[str, QueueSignal]:
+        """Read every model's state once, set the gauges, log quota changes; returns the signals."""
+        signals: dict[str, QueueSignal] = {}
+        for model in sorted(set(self.models())):
+            snapshot = await asyncio.wait_for(self.pool.snapshot(model), 2.0)
+            signal = signals[model] = signal_of(snapshot)
+            for band, queued in signal.queued.items():
+                self.metrics.global_queue.set(queued, model, band)
+            self.metrics.expected_wait.set(signal.expected_wait_s, model)
+            self._note_quota(model, {str(k): str(v) for k, v in snapshot["quota"].items()})
+        return signals
+
+    def _note_quota(self, model: str, quota: dict[str, str]) -> None:
+        change = quota_change(self.quotas.get(model), quota)
+        if change is not None:
+            logger.info("kvgate: admission quota of %s changed at run time: %s", model, change)
+        self.quotas[model] = quota
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.refresh_once()
+            except (RedisError, OSError, TimeoutError) as e:
+                logger.debug("queue signal refresh failed: %s", e)
+            await asyncio.sleep(self.period_s)
