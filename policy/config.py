@@ -97,12 +97,20 @@ class ReplicaConfig:
         default=1.0,
         metadata={"help": "holders are overloaded above this predicted TTFT"},
     )
+    overload_load_ratio: float = field(
+        default=1.25,
+        metadata={"help": "... or when the least-loaded holder has > this × a non-holder's in-flight + 1"},
+    )
+    proactive: bool = field(
+        default=True, metadata={"help": "a hot prefix below the cap replicates onto the least-cost worker"}
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.cap, bool) or not isinstance(self.cap, int) or self.cap < 1:
             raise ConfigError("cap", self.cap, "must be an integer >= 1")
         _check_range("hot_rate_per_s", self.hot_rate_per_s, 0.0, 1e6)
         _check_range("overload_ttft_s", self.overload_ttft_s, 0.0, 3600.0)
+        _check_range("overload_load_ratio", self.overload_load_ratio, 1.0, 100.0)
 
 
 @dataclass(frozen=True)

@@ -105,13 +105,16 @@ class StickyHold:
 @dataclass(frozen=True)
 class ReplicaCap:
     """Holders = candidates whose cached prefix counts (≥ min_gain of the prompt). Once `cap` (≥ 1) of
-    them hold it, keep only the holders — unless the prefix is hot (rate ≥ hot_rate_per_s) and every
-    holder is overloaded (best holder's predicted TTFT ≥ overload_ttft_s): then a new replica may form."""
+    them hold it, keep only the holders — unless the prefix is hot (rate ≥ hot_rate_per_s) and its
+    holders are overloaded: the best holder's predicted TTFT ≥ overload_ttft_s, or the least-loaded
+    holder has more than `overload_load_ratio` (≥ 1) × the least-loaded non-holder's in-flight
+    requests + 1. Then a new replica may form."""
 
     ttft: PredictedTtft
     cap: int = 3
     hot_rate_per_s: float = 0.5
     overload_ttft_s: float = 1.0
+    overload_load_ratio: float = 1.25
     name: str = "replica-cap"
 
     def filter(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> list[WorkerView]:
@@ -120,6 +123,9 @@ class ReplicaCap:
             return list(workers)
         if req.prefix_rate >= self.hot_rate_per_s:
             best = min(self.ttft.ttfts(req, holders).values())
-            if best >= self.overload_ttft_s:
+            others = [w.inflight for w in workers if effective_hit_tokens(req, w.id, self.ttft.min_gain) <= 0]
+            least = min(w.inflight for w in holders)
+            idle_other = min(others, default=least)
+            if best >= self.overload_ttft_s or least > self.overload_load_ratio * idle_other + 1:
                 return list(workers)
         return holders

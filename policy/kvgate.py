@@ -58,6 +58,7 @@ class KvgatePolicy:
                 cap=c.replicas.cap,
                 hot_rate_per_s=c.replicas.hot_rate_per_s,
                 overload_ttft_s=c.replicas.overload_ttft_s,
+                overload_load_ratio=c.replicas.overload_load_ratio,
             ),
             StickyHold(
                 ttft=ttft,
@@ -79,10 +80,16 @@ class KvgatePolicy:
         ttfts = ttft.ttfts(req, candidates)
         cold = ColdStart(c.cold_start.period_s, c.cold_start.discount).score(req, candidates, now_s)
         prompt = max(req.prompt_tokens, 1)
+        hits = {w.id: effective_hit_tokens(req, w.id, c.min_cache_gain) for w in candidates}
+        replicate = self._replicate_hot(req, hits)
+        if replicate:  # a hot prefix that may grow a replica: the next replica is an investment, not a miss
+            best_hit = max(hits.values())
+            hits = dict.fromkeys(hits, best_hit)
+            ttfts = {w.id: ttft.model.ttft_s(w, req.prompt_tokens - best_hit, best_hit) for w in candidates}
         scores: dict[str, dict[str, float]] = {}
         costs: dict[str, float] = {}
         for w in candidates:
-            hit = effective_hit_tokens(req, w.id, c.min_cache_gain)
+            hit = hits[w.id]
             miss_s = ttft.model.own_prefill_s(req.prompt_tokens - hit, hit)
             costs[w.id] = (ttfts[w.id] + c.ttft.miss_weight * miss_s) * (1.0 - cold[w.id])
             scores[w.id] = {
@@ -93,7 +100,16 @@ class KvgatePolicy:
                 "cost": costs[w.id],
             }
         winner = MinCost().pick(costs, rng)
+        if replicate:
+            narrowed = [*narrowed, "replicate"]
         return Decision(worker=winner, reason=_reason(req, winner, scores[winner], narrowed), scores=scores)
+
+    def _replicate_hot(self, req: RequestView, hits: dict[str, int]) -> bool:
+        """Hot prefix with non-holders among the candidates: below the cap, or ReplicaCap found the
+        holders overloaded (otherwise it would have left only holders)."""
+        r = self.config.replicas
+        holders = sum(1 for h in hits.values() if h > 0)
+        return r.proactive and req.prefix_rate >= r.hot_rate_per_s and 0 < holders < len(hits)
 
 
 def _reason(req: RequestView, winner: str, parts: dict[str, float], narrowed: list[str]) -> str:
@@ -101,6 +117,8 @@ def _reason(req: RequestView, winner: str, parts: dict[str, float], narrowed: li
     if "sticky-hold" in narrowed:
         return f"sticky on {winner} (prefix {parts['prefix-match']:.2f}), {ttft}"
     held = " among replicas (cap)" if "replica-cap" in narrowed else ""
+    if "replicate" in narrowed:
+        held = ", hot prefix: may add a replica"
     if parts["prefix-match"] > 0:
         return f"prefix {parts['prefix-match']:.2f} on {winner}{held}, least {ttft}"
     cold = ", cold-start discount" if parts["cold-start"] > 0 else ""
