@@ -68,11 +68,16 @@ class StickyConfig:
     overload_ratio: float = field(
         default=2.0, metadata={"help": "... and above this multiple of the best candidate's predicted TTFT"}
     )
+    bonus: float = field(
+        default=0.0, metadata={"help": "cost discount (0–0.95) for the prefix's last worker, any age"}
+    )
+    hot_bonus: bool = field(default=False, metadata={"help": "apply the bonus to hot prefixes too"})
 
     def __post_init__(self) -> None:
         _check_range("window_s", self.window_s, 0.0, 3600.0)
         _check_range("overload_ttft_s", self.overload_ttft_s, 0.0, 3600.0)
         _check_range("overload_ratio", self.overload_ratio, 1.0, 100.0)
+        _check_range("bonus", self.bonus, 0.0, 0.95)
 
 
 @dataclass(frozen=True)

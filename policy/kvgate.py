@@ -88,10 +88,14 @@ class KvgatePolicy:
             ttfts = {w.id: ttft.model.ttft_s(w, req.prompt_tokens - best_hit, best_hit) for w in candidates}
         scores: dict[str, dict[str, float]] = {}
         costs: dict[str, float] = {}
+        hot = req.prefix_rate >= c.replicas.hot_rate_per_s
+        bonus = c.sticky.bonus if (c.sticky.hot_bonus or not hot) else 0.0
         for w in candidates:
             hit = hits[w.id]
             miss_s = ttft.model.own_prefill_s(req.prompt_tokens - hit, hit)
             costs[w.id] = (ttfts[w.id] + c.ttft.miss_weight * miss_s) * (1.0 - cold[w.id])
+            if w.id == req.sticky_worker:
+                costs[w.id] *= 1.0 - bonus
             scores[w.id] = {
                 "prefix-match": hit / prompt,
                 "predicted-ttft": ttfts[w.id],
