@@ -181,6 +181,20 @@ HELD_BY_AB = {"prefix_hits": {"a": 2, "b": 2}}
             id="overloaded but not hot: holders only",
         ),
         pytest.param(
+            2,
+            req(prefix_hits={"a": 2, "b": 2}, prefix_rate=5.0),
+            [WorkerView(id="a", inflight=9), WorkerView(id="b", inflight=9), WorkerView(id="c", inflight=6)],
+            ["a", "b", "c"],
+            id="hot and holders busier than 1.25 x a non-holder + 1: new replica allowed",
+        ),
+        pytest.param(
+            2,
+            req(prefix_hits={"a": 2, "b": 2}, prefix_rate=5.0),
+            [WorkerView(id="a", inflight=8), WorkerView(id="b", inflight=9), WorkerView(id="c", inflight=6)],
+            ["a", "b"],
+            id="hot, holders only slightly busier: holders only",
+        ),
+        pytest.param(
             1,
             req(prefix_hits={"a": 1, "b": 1}, block_tokens=(100, 900)),
             TRIO,

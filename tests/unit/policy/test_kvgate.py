@@ -149,6 +149,38 @@ def test_miss_weight_charges_uncached_work_twice() -> None:
     assert d.worker == "a" and d.scores["b"]["miss-work"] == pytest.approx(2.0)
 
 
+def test_hot_prefix_replicates_onto_the_least_loaded_worker() -> None:
+    hot = req({"a": 4}, prefix_rate=5.0)
+    workers = [w("a", 500, inflight=20), w("b", 0, inflight=0)]
+    cold_policy = KvgatePolicy(
+        dataclasses.replace(CONFIG, replicas=ReplicaConfig(proactive=False, hot_rate_per_s=1.0))
+    )
+    assert cold_policy.decide(hot, workers, random.Random(0), 0.0).worker == "a", "a 2 s miss loses to 0.5 s"
+    d = POLICY.decide(hot, workers, random.Random(0), 0.0)
+    assert d.worker == "b" and "replica" in d.reason
+    assert POLICY.decide(req({"a": 4}, prefix_rate=0.1), workers, random.Random(0), 0.0).worker == "a"
+
+
+@pytest.mark.parametrize(
+    ("bonus", "hot_bonus", "rate", "winner"),
+    [
+        pytest.param(0.0, False, 0.0, "b", id="no bonus: cheaper worker"),
+        pytest.param(0.5, False, 0.0, "a", id="bonus keeps the last worker"),
+        pytest.param(0.5, False, 5.0, "b", id="no bonus for hot prefixes"),
+        pytest.param(0.5, True, 5.0, "a", id="hot bonus"),
+    ],
+)
+def test_soft_sticky_bonus(bonus: float, hot_bonus: bool, rate: float, winner: str) -> None:
+    config = dataclasses.replace(
+        CONFIG,
+        sticky=StickyConfig(window_s=0.0, bonus=bonus, hot_bonus=hot_bonus),
+        replicas=ReplicaConfig(proactive=False, hot_rate_per_s=1.0),
+    )
+    view = req({}, sticky_worker="a", sticky_since_s=0.0, prefix_rate=rate)
+    d = KvgatePolicy(config).decide(view, [w("a", 1000), w("b", 0)], random.Random(0), 100.0)
+    assert d.worker == winner  # a: 3 s, b: 2 s
+
+
 def test_reject_when_nobody_is_eligible() -> None:
     d = POLICY.decide(req(), [w("a", draining=True)], random.Random(0), 0.0)
     assert d.worker is None and "eligible" in d.reason
