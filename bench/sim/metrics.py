@@ -10,11 +10,15 @@ Definitions (times in seconds from the request's arrival; rates as fractions):
                   + wait in the engine's queue + slow-down from sharing steps with other requests.
   throughput_rps  finished requests / duration; throughput_tok_s: their output tokens / duration;
                   duration = first arrival (0) to last finish.
-  per_worker_util engine busy time / duration; util_cv = population std / mean of those.
+  per_worker_util useful work each worker did / duration: for every request it served,
+                  prefill_time_s(input - cached, ctx = cached) + output_tokens * decode_token_s (the
+                  load model's per-token decode cost, bench/sim/load.py). Engine busy time is no use
+                  here: under continuous batching an engine with any request steps all the time, so
+                  busy time saturates near 1 on every worker (kept as `per_worker_busy`).
+                  util_cv = population std / mean of per_worker_util.
   switch_rate     hot-prefix switches / counted pairs (see `switch_rate`).
-Extra balance measures (engine busy time saturates near 1 under continuous batching, so util_cv is
-small for every policy at high load): inflight_cv = CV of each worker's time-averaged requests in
-flight; prefill_tokens_cv = CV of the prompt tokens each worker computed (input - cached).
+Extra balance measures: inflight_cv = CV of each worker's time-averaged requests in flight;
+prefill_tokens_cv = CV of the prompt tokens each worker computed (input - cached).
 Percentiles interpolate linearly between order statistics (numpy's default "linear").
 With an admission gate (`admission_metrics`): goodput = requests finishing with TTFT within their SLO
 / all requests (rejected ones count as not good), and per-band TTFT, completions, rejections, max wait.
@@ -29,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench.sim.cluster import RequestRecord, SimResult
+from bench.sim.load import decode_token_cost_s
 from bench.sim.profiles import EngineProfile, prefill_time_s
 from bench.sim.types import SimRequest
 from policy.types import Band
@@ -143,7 +148,8 @@ def compute_metrics(
     e2e = sorted(r.finish_s - r.arrival_s for r in done)  # type: ignore[operator]
     queue = sorted(_queue_delay(r, profile) for r in started)
     duration = result.duration_s
-    util = {w: (result.busy_s[w] / duration if duration > 0 else 0.0) for w in result.worker_ids}
+    util = _useful_work_util(records, requests, result.worker_ids, profile, duration)
+    busy = {w: (result.busy_s[w] / duration if duration > 0 else 0.0) for w in result.worker_ids}
     return {
         "hit_rate": sum(r.cached_tokens for r in started) / input_tokens if input_tokens else 0.0,
         "ttft_p50": percentile(ttft, 50),
@@ -161,11 +167,30 @@ def compute_metrics(
         "inflight_cv": coefficient_of_variation(_mean_inflight(records, result.worker_ids, duration)),
         "prefill_tokens_cv": coefficient_of_variation(_prefill_tokens(records, result.worker_ids)),
         "per_worker_util": util,
+        "per_worker_busy": busy,
         "requests": len(records),
         "finished": len(done),
         "rejected": sum(r.rejected for r in records),
         "duration_s": duration,
     }
+
+
+def _useful_work_util(
+    records: Sequence[RequestRecord],
+    requests: Sequence[SimRequest],
+    worker_ids: Sequence[str],
+    profile: EngineProfile,
+    duration: float,
+) -> dict[str, float]:
+    """Per worker: GPU-seconds of useful work (uncached prefill + decode tokens) per second of the run."""
+    decode_token_s = decode_token_cost_s(profile, requests)
+    work = dict.fromkeys(worker_ids, 0.0)
+    for r in records:
+        if r.worker is not None and r.first_token_s is not None:
+            new_tokens = max(1, r.input_tokens - r.cached_tokens)
+            work[r.worker] += prefill_time_s(profile, new_tokens, r.cached_tokens)
+            work[r.worker] += r.output_tokens * decode_token_s
+    return {w: (work[w] / duration if duration > 0 else 0.0) for w in worker_ids}
 
 
 def _mean_inflight(

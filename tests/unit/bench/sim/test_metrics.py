@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.sim.cluster import RequestRecord, SimResult
+from bench.sim.load import decode_token_cost_s
 from bench.sim.metrics import (
     METRIC_NAMES,
     coefficient_of_variation,
@@ -117,8 +118,14 @@ def test_compute_metrics_on_a_hand_made_run() -> None:
     assert m["e2e_p99"] == pytest.approx(2.0 + 0.99 * 1.0)
     assert m["throughput_rps"] == pytest.approx(0.5)
     assert m["throughput_tok_s"] == pytest.approx(5.0)
-    assert m["per_worker_util"] == {"w0": 0.25, "w1": 0.75}
-    assert m["util_cv"] == pytest.approx(0.25 / 0.5)
+    assert m["per_worker_busy"] == {"w0": 0.25, "w1": 0.75}
+    decode_token = decode_token_cost_s(PROFILE, requests)
+    useful = {  # uncached prefill after the cached context + 10 decode tokens each, over 4 s
+        "w0": (prefill_time_s(PROFILE, 1000, 0) + 10 * decode_token) / 4.0,
+        "w1": (prefill_time_s(PROFILE, 488, 512) + 10 * decode_token) / 4.0,
+    }
+    assert m["per_worker_util"] == pytest.approx(useful)
+    assert m["util_cv"] == pytest.approx(coefficient_of_variation(list(useful.values())))
     assert m["switch_rate"] == 1.0
     assert m["inflight_cv"] == pytest.approx(coefficient_of_variation([2.0 / 4, 3.0 / 4]))
     assert m["prefill_tokens_cv"] == pytest.approx(coefficient_of_variation([1000, 488]))
