@@ -173,6 +173,10 @@ async def wake_probes(stack: Stack, cfg: BurstConfig) -> list[float]:
         pool = SlotPool(redis, gateway_id="bench-holder", lease_ms=30_000, renew_every_ms=5_000)
         async with pool, aiohttp.ClientSession() as session:
             for i in range(cfg.probes):
+                # the previous probe's gateway releases its seat after the response: wait for it, or
+                # that release (not ours) would wake the next probe
+                while (await pool.snapshot(MODEL))["used"]["total"] > len(held):
+                    await asyncio.sleep(0.002)
                 await fill_seats(pool, held, f"hold{i}")
                 rid = f"probe-{i}"
                 probe = request(rng, cfg, 0.0, "high", rid)
