@@ -2,13 +2,16 @@
 
 `plugin/lua/common.lua` holds the rules every script shares (reap expired leases and waiters, quota
 checks, the grant pump); each `lua/<verb>.lua` is prepended with it and registered with
-`redis.register_script`, which sends EVALSHA and reloads the script after a `SCRIPT FLUSH` (redis-py's
-NoScriptError fallback). Lua returns codes; the wrappers return small dataclasses, and
-`plugin/slots.py` turns the rejections into typed errors, as redis-py's lock.py does.
+`redis.register_script`. Calls go as EVALSHA over a dedicated pipelined connection (plugin/resp.py:
+redis-py's layers cost several times more CPU per call); a `NOSCRIPT` reply (e.g. after `SCRIPT FLUSH`)
+or a connection kind it does not handle falls back to redis-py, which loads the script. Lua returns
+codes; the wrappers return small dataclasses, and `plugin/slots.py` turns the rejections into typed
+errors, as redis-py's lock.py does.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +19,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
+from plugin.resp import RespChannel
 from policy import keys
 from policy.admission import AdmitCode, CheckStatus, ClaimCode, ReleaseCode
 from policy.keys import PREFIX, model_key
@@ -28,8 +33,13 @@ GRANTED_CHANNEL = f"{PREFIX}:admission:granted"  # one channel for all models; m
 def model_keys(model: str, worker: str | None = None) -> list[str]:
     """KEYS of every admission script, in the order common.lua expects; with a worker (two-step
     admission), its registration HASH is KEYS[14]."""
+    return list(_model_keys(model, worker))
+
+
+@functools.lru_cache(maxsize=4096)
+def _model_keys(model: str, worker: str | None) -> tuple[str, ...]:
     bands = [b.value for b in Band]
-    return [
+    return (
         model_key(model, "quota"),
         model_key(model, "leases"),
         model_key(model, "lease"),
@@ -40,7 +50,7 @@ def model_keys(model: str, worker: str | None = None) -> list[str]:
         model_key(model, "qstate"),
         *(model_key(model, "tags", str(b)) for b in bands),
         *([keys.worker(model, worker)] if worker else []),
-    ]
+    )
 
 
 def quota_key(model: str) -> str:
@@ -116,12 +126,25 @@ class AdmissionScripts:
         self._scripts: dict[str, AsyncScript] = {
             name: redis.register_script(_load(f"{name}.lua", common)) for name in self.NAMES
         }
+        self._fast = RespChannel.for_client(redis)
+
+    async def aclose(self) -> None:
+        """Close the dedicated connection (the redis-py client is the caller's to close)."""
+        if self._fast is not None:
+            await self._fast.aclose()
 
     async def _call(
         self, name: str, model: str, now_ms: int | None, *args: Any, worker: str | None = None
     ) -> Any:
-        argv = [str(now_ms or 0), self.channel, *(str(a) for a in args)]
-        return await self._scripts[name](keys=model_keys(model, worker), args=argv)
+        keys_ = _model_keys(model, worker)
+        argv = (str(now_ms or 0), self.channel, *args)
+        script = self._scripts[name]
+        if self._fast is not None:
+            try:
+                return await self._fast.execute("EVALSHA", script.sha, len(keys_), *keys_, *argv)
+            except NoScriptError:
+                pass  # not loaded on this server (yet): redis-py loads it and retries
+        return await script(keys=keys_, args=[str(a) for a in argv])
 
     async def acquire(
         self,

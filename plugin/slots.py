@@ -174,6 +174,7 @@ class SlotPool:
             with contextlib.suppress(Exception):
                 await self._pubsub.aclose()
             self._pubsub = None
+        await self.scripts.aclose()
 
     async def __aenter__(self) -> SlotPool:
         await self.start()

@@ -1,0 +1,95 @@
+"""The pipelined RESP connection of the admission scripts: reply parsing, FIFO matching, reconnects."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError, ResponseError
+
+from plugin.resp import _INCOMPLETE, RespChannel, _parse, pack
+
+PARSE_CASES = [
+    pytest.param(b":42\r\n", 42, id="integer"),
+    pytest.param(b":-3\r\n", -3, id="negative-integer"),
+    pytest.param(b"$5\r\nhello\r\n", b"hello", id="bulk"),
+    pytest.param(b"$0\r\n\r\n", b"", id="empty-bulk"),
+    pytest.param(b"$-1\r\n", None, id="nil-bulk"),
+    pytest.param(b"$4\r\na\r\nb\r\n", b"a\r\nb", id="bulk-with-crlf-inside"),
+    pytest.param(b"+OK\r\n", b"OK", id="simple-string"),
+    pytest.param(b"*0\r\n", [], id="empty-array"),
+    pytest.param(b"*-1\r\n", None, id="nil-array"),
+    pytest.param(b"*3\r\n:1\r\n$2\r\nab\r\n*1\r\n:7\r\n", [1, b"ab", [7]], id="nested-array"),
+]
+
+
+@pytest.mark.parametrize(("raw", "expected"), PARSE_CASES)
+def test_parses_each_reply_kind_and_waits_for_the_whole_reply(raw: bytes, expected: object) -> None:
+    assert _parse(bytearray(raw), 0) == (expected, len(raw))
+    for cut in range(len(raw)):  # every proper prefix is incomplete
+        assert _parse(bytearray(raw[:cut]), 0) is _INCOMPLETE
+
+
+@pytest.mark.parametrize(
+    ("raw", "kind"),
+    [pytest.param(b"-ERR boom\r\n", ResponseError, id="error"),
+     pytest.param(b"-NOSCRIPT No matching script\r\n", NoScriptError, id="noscript")],
+)  # fmt: skip
+def test_error_replies_become_redis_py_exceptions(raw: bytes, kind: type[Exception]) -> None:
+    value, end = _parse(bytearray(raw), 0)
+    assert type(value) is kind and end == len(raw)
+
+
+def test_pack_is_a_resp_array_of_bulk_strings() -> None:
+    assert pack(("EVALSHA", b"ab", 1, "k")) == b"*4\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n1\r\n$1\r\nk\r\n"
+
+
+async def test_concurrent_commands_get_their_own_replies(redis: aioredis.Redis) -> None:
+    channel = RespChannel.for_client(redis)
+    assert channel is not None
+    try:
+        await asyncio.gather(*(channel.execute("SET", f"resp:{i}", f"v{i}" * i) for i in range(50)))
+        replies = await asyncio.gather(*(channel.execute("GET", f"resp:{i}") for i in range(50)))
+        assert replies == [f"v{i}".encode() * i for i in range(50)]
+        assert await channel.execute("HGETALL", "resp:none") == []
+        with pytest.raises(ResponseError):
+            await channel.execute("INCR", "resp:3")  # not an integer
+        assert await channel.execute("ECHO", "still in step") == b"still in step"
+    finally:
+        await channel.aclose()
+
+
+async def test_a_cancelled_caller_does_not_shift_later_replies(redis: aioredis.Redis) -> None:
+    channel = RespChannel.for_client(redis)
+    assert channel is not None
+    try:
+        await channel.execute("PING")
+        slow = asyncio.ensure_future(channel.execute("BLPOP", "resp:empty", "0.2"))
+        await asyncio.sleep(0.05)
+        slow.cancel()
+        assert await channel.execute("ECHO", "mine") == b"mine"
+    finally:
+        await channel.aclose()
+
+
+async def test_reconnects_after_the_server_drops_the_connection(redis: aioredis.Redis) -> None:
+    channel = RespChannel.for_client(redis)
+    assert channel is not None
+    try:
+        await channel.execute("CLIENT", "SETNAME", "kvgate-resp-test")
+        await redis.execute_command("CLIENT", "KILL", "SKIPME", "yes", "TYPE", "normal")
+        assert await channel.execute("ECHO", "again") == b"again"
+    finally:
+        await channel.aclose()
+
+
+def test_other_connection_kinds_keep_redis_py() -> None:
+    assert RespChannel.for_client(aioredis.Redis.from_url("unix:///tmp/none.sock")) is None
+    assert RespChannel.for_client(aioredis.Redis.from_url("rediss://127.0.0.1:1")) is None
+    assert RespChannel.for_client(aioredis.Redis.from_url("redis://127.0.0.1:1", protocol=3)) is None
+    channel = RespChannel.for_client(aioredis.Redis.from_url("redis://u:pw@127.0.0.1:7/3"))
+    assert channel is not None
+    assert (channel.host, channel.port, channel.username, channel.password, channel.db) == (
+        "127.0.0.1", 7, "u", "pw", 3,
+    )  # fmt: skip
