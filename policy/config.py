@@ -97,7 +97,7 @@ class ReplicaConfig:
     """At most `cap` workers hold a prefix; more only if it is hot and all its holders are overloaded."""
 
     cap: int = field(default=3, metadata={"help": "holders of one prefix before new replicas need a reason"})
-    hot_rate_per_s: float = field(default=0.5, metadata={"help": "a prefix is hot at this request rate"})
+    hot_rate_per_s: float = field(default=0.3, metadata={"help": "a prefix is hot at this request rate"})
     overload_ttft_s: float = field(
         default=1.0,
         metadata={"help": "holders are overloaded above this predicted TTFT"},
