@@ -5,7 +5,8 @@ parser layers (measured in-process: PING 149 us; acquire + release 500-740 us), 
 that saturates one core at a few hundred requests/s is a large share of the budget. `RespChannel`
 keeps one dedicated connection, writes each command at once and hands replies to the callers in
 FIFO order (Redis answers a connection's commands in order), so concurrent requests share the
-connection without waiting for each other. It speaks only what the scripts need: commands out,
+connection without waiting for each other; commands issued in the same event-loop tick go out in
+one write (one syscall, one read on the server). It speaks only what the scripts need: commands out,
 RESP2 replies in (integers, bulk and simple strings, errors, nested arrays). `for_client()` returns
 None for anything it does not handle (TLS, Unix sockets, RESP3, Sentinel, Cluster): callers then keep
 using redis-py. Replies are bytes, as from a redis-py client without decode_responses.
@@ -16,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -35,6 +38,17 @@ class _Protocol(asyncio.Protocol):
         self.pending: deque[asyncio.Future[Any]] = deque()
         self.buffer = bytearray()
         self.lost = False
+        self.outbox: list[bytes] = []  # commands of this loop tick, written together by flush()
+
+    def queue(self, command: bytes) -> None:
+        if not self.outbox:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.outbox.append(command)
+
+    def flush(self) -> None:
+        out, self.outbox = self.outbox, []
+        if out and self.transport is not None and not self.lost:
+            self.transport.write(b"".join(out))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -110,13 +124,28 @@ def _parse(buf: bytearray, pos: int) -> Any:
     raise RedisConnectionError(f"unexpected RESP type byte {kind!r}")
 
 
-def pack(args: tuple[Any, ...]) -> bytes:
-    """One command in RESP: an array of bulk strings."""
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        raw = arg if isinstance(arg, bytes) else str(arg).encode()
-        parts.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
-    return b"".join(parts)
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The constant first arguments of a command, packed once (e.g. EVALSHA sha numkeys keys...)."""
+
+    count: int
+    packed: bytes
+
+
+def head(*args: Any) -> Head:
+    return Head(len(args), _bulk(args))
+
+
+def pack(args: tuple[Any, ...], first: Head | None = None) -> bytes:
+    """One command in RESP: an array of bulk strings (`first`'s arguments, then `args`)."""
+    if first is None:
+        return b"*%d\r\n%s" % (len(args), _bulk(args))
+    return b"*%d\r\n%s%s" % (first.count + len(args), first.packed, _bulk(args))
+
+
+def _bulk(args: tuple[Any, ...]) -> bytes:
+    encoded = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+    return b"".join([b"$%d\r\n%s\r\n" % (len(raw), raw) for raw in encoded])
 
 
 class RespChannel:
@@ -145,14 +174,23 @@ class RespChannel:
             password=kw.get("password"), db=int(kw.get("db") or 0),
         )  # fmt: skip
 
-    async def execute(self, *args: Any) -> Any:
-        """Send one command and return its reply; one reconnect and resend if the connection is lost
-        before the reply (the admission scripts are idempotent per request id)."""
+    async def execute(self, *args: Any, first: Head | None = None) -> Any:
+        """Send one command (`first`'s arguments, then `args`) and return its reply; one reconnect and
+        resend if the connection is lost before the reply (the admission scripts are idempotent per
+        request id)."""
+        command = pack(args, first)
         try:
-            return await self._send(await self._ready(), args)
+            return await self._send(await self._ready(), command)
         except (RedisConnectionError, OSError):
             self._protocol = None
-            return await self._send(await self._ready(), args)
+            return await self._send(await self._ready(), command)
+
+    async def pipeline(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Send `commands` together (one write) and return their replies; raises the first error
+        reply after all have answered. Not resent after a lost connection."""
+        protocol = await self._ready()
+        futures = [self._send(protocol, pack(c)) for c in commands]
+        return list(await asyncio.gather(*futures))
 
     async def aclose(self) -> None:
         protocol, self._protocol = self._protocol, None
@@ -160,12 +198,12 @@ class RespChannel:
             protocol.transport.close()
 
     @staticmethod
-    def _send(protocol: _Protocol, args: tuple[Any, ...]) -> asyncio.Future[Any]:
+    def _send(protocol: _Protocol, command: bytes) -> asyncio.Future[Any]:
         if protocol.lost or protocol.transport is None:
             raise RedisConnectionError("connection to Redis lost")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         protocol.pending.append(future)
-        protocol.transport.write(pack(args))
+        protocol.queue(command)
         return future
 
     async def _ready(self) -> _Protocol:
@@ -203,5 +241,5 @@ class RespChannel:
         if self.db:
             setup.append(("SELECT", self.db))
         for command in setup:
-            await asyncio.wait_for(self._send(protocol, command), CONNECT_TIMEOUT_S)
+            await asyncio.wait_for(self._send(protocol, pack(command)), CONNECT_TIMEOUT_S)
         return protocol

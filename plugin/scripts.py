@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
-from plugin.resp import RespChannel
+from plugin.resp import Head, RespChannel, head
 from policy import keys
 from policy.admission import AdmitCode, CheckStatus, ClaimCode, ReleaseCode
 from policy.keys import PREFIX, model_key
@@ -127,6 +127,7 @@ class AdmissionScripts:
             name: redis.register_script(_load(f"{name}.lua", common)) for name in self.NAMES
         }
         self._fast = RespChannel.for_client(redis)
+        self._heads: dict[tuple[str, str, str | None], Head] = {}  # EVALSHA sha numkeys keys.. channel
 
     async def aclose(self) -> None:
         """Close the dedicated connection (the redis-py client is the caller's to close)."""
@@ -137,14 +138,19 @@ class AdmissionScripts:
         self, name: str, model: str, now_ms: int | None, *args: Any, worker: str | None = None
     ) -> Any:
         keys_ = _model_keys(model, worker)
-        argv = (str(now_ms or 0), self.channel, *args)
         script = self._scripts[name]
         if self._fast is not None:
+            first = self._heads.get((name, model, worker))
+            if first is None:
+                if len(self._heads) > 10_000:  # bounded: many models or one-off workers
+                    self._heads.clear()
+                first = self._heads[(name, model, worker)] = head("EVALSHA", script.sha, len(keys_), *keys_)
             try:
-                return await self._fast.execute("EVALSHA", script.sha, len(keys_), *keys_, *argv)
+                return await self._fast.execute(now_ms or 0, self.channel, *args, first=first)
             except NoScriptError:
                 pass  # not loaded on this server (yet): redis-py loads it and retries
-        return await script(keys=keys_, args=[str(a) for a in argv])
+        argv = [str(now_ms or 0), self.channel, *(str(a) for a in args)]
+        return await script(keys=keys_, args=argv)
 
     async def acquire(
         self,
