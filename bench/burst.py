@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import tempfile
@@ -42,6 +43,7 @@ import redis.asyncio as aioredis
 from bench.live_scenarios import filler_text
 from bench.loadgen import LiveRequest, LiveResult, percentile, run_open_loop
 from bench.stack import Stack
+from plugin.scripts import GRANTED_CHANNEL
 from plugin.slots import AdmissionRejected, Lease, SlotPool, Ticket, live_leases, set_quota
 from plugin.tasks import spawn
 from policy.admission import Quota
@@ -130,7 +132,7 @@ async def inflight_ids(session: aiohttp.ClientSession, workers: Sequence[str]) -
     return list(await asyncio.gather(*(one(u) for u in workers)))
 
 
-async def sample_running(workers: Sequence[str], stop: asyncio.Event, every_s: float = 0.01) -> int:
+async def sample_running(workers: Sequence[str], stop: asyncio.Event, every_s: float = 0.02) -> int:
     """Peak of the summed in-flight requests the workers report, sampled until `stop`."""
     peak = 0
     async with aiohttp.ClientSession() as session:
@@ -138,6 +140,28 @@ async def sample_running(workers: Sequence[str], stop: asyncio.Event, every_s: f
             peak = max(peak, sum(len(ids) for ids in await inflight_ids(session, workers)))
             await asyncio.sleep(every_s)
     return peak
+
+
+def admission_wait(gateways: Sequence[str], band: str) -> tuple[float, float]:
+    """(mean, upper bound of the p99 bucket) of kvgate_admission_wait_seconds of `band`, all gateways."""
+    buckets: dict[float, int] = {}
+    total = count = 0.0
+    for url in gateways:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+            for line in resp.read().decode().splitlines():
+                if not line.startswith("kvgate_admission_wait_seconds") or f'band="{band}"' not in line:
+                    continue
+                value = float(line.rsplit(" ", 1)[1])
+                if "_bucket" in line:
+                    le = line.split('le="', 1)[1].split('"', 1)[0]
+                    bound = float("inf") if le == "+Inf" else float(le)
+                    buckets[bound] = buckets.get(bound, 0) + int(value)
+                elif "_sum" in line:
+                    total += value
+                elif "_count" in line:
+                    count += value
+    p99 = next((b for b, n in sorted(buckets.items()) if count and n >= 0.99 * count), float("nan"))
+    return (total / count if count else float("nan")), p99
 
 
 def worker_peaks(workers: Sequence[str]) -> list[int]:
@@ -163,14 +187,33 @@ async def fill_seats(pool: SlotPool, held: list[Lease], prefix: str) -> None:
                 break
 
 
-async def wake_probes(stack: Stack, cfg: BurstConfig) -> list[float]:
-    """Queued-to-running latency after a seat frees: one sample per probe, alternating gateways."""
+async def send_probe(session: aiohttp.ClientSession, url: str, probe: LiveRequest) -> int:
+    async with session.post(f"{url}{probe.path}", json=dict(probe.body), headers=dict(probe.headers)) as resp:
+        await resp.read()
+        return resp.status
+
+
+async def granted(pubsub: Any, rid: str) -> float:
+    """When the grant message naming `rid` arrived (what the gateways' SlotPools wake on)."""
+    while True:
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+        if message is not None and rid in json.loads(message["data"]):
+            return time.perf_counter()
+
+
+async def wake_probes(stack: Stack, cfg: BurstConfig) -> tuple[list[float], list[float]]:
+    """Queued-to-running latency after a seat frees, one sample per probe, alternating gateways:
+    (until a worker reports the request in flight, polled: an upper bound; until the grant message
+    is published: the Redis share of it)."""
     redis = aioredis.Redis.from_url(stack.redis_url)
     samples: list[float] = []
+    gate_samples: list[float] = []
     held: list[Lease] = []
     rng = random.Random(cfg.seed + 7)
     try:
         pool = SlotPool(redis, gateway_id="bench-holder", lease_ms=30_000, renew_every_ms=5_000)
+        pubsub = redis.pubsub()
+        await pubsub.subscribe(GRANTED_CHANNEL)
         async with pool, aiohttp.ClientSession() as session:
             for i in range(cfg.probes):
                 # the previous probe's gateway releases its seat after the response: wait for it, or
@@ -181,25 +224,26 @@ async def wake_probes(stack: Stack, cfg: BurstConfig) -> list[float]:
                 rid = f"probe-{i}"
                 probe = request(rng, cfg, 0.0, "high", rid)
                 probe = LiveRequest(0.0, dict(probe.body, max_tokens=4), probe.headers)
-                sent = spawn(
-                    run_open_loop(stack.gateway_urls[i % len(stack.gateway_urls)], [probe]), name=rid
-                )
+                url = stack.gateway_urls[i % len(stack.gateway_urls)]
+                sent = spawn(send_probe(session, url, probe), name=rid)
                 while (await pool.snapshot(MODEL))["queued"]["high"] < 1:
                     await asyncio.sleep(0.002)
                 freed = next(lease for lease in reversed(held) if lease.band == Band.HIGH)
                 held.remove(freed)
                 start = time.perf_counter()
+                grant = spawn(granted(pubsub, rid), name=f"grant-{rid}")
                 await pool.release(freed)
                 while not any(rid in ids for ids in await inflight_ids(session, stack.worker_urls)):
                     if time.perf_counter() - start > 10:
                         raise RuntimeError(f"{rid} never reached a worker")
                 samples.append(time.perf_counter() - start)
+                gate_samples.append(await grant - start)
                 await sent
             for lease in held:
                 await pool.release(lease)
     finally:
         await redis.aclose()
-    return samples
+    return samples, gate_samples
 
 
 async def leases_after(stack: Stack, cfg: BurstConfig) -> int:
@@ -245,7 +289,8 @@ async def run(stack: Stack, cfg: BurstConfig) -> dict[str, Any]:
     stop.set()
     peak_sampled = await sampler
     held_after = await leases_after(stack, cfg)
-    wakes = await wake_probes(stack, cfg)
+    high_wait = admission_wait(stack.gateway_urls, "high")
+    wakes, gate_wakes = await wake_probes(stack, cfg)
     in_burst = [r for q, r in zip(load, results, strict=True) if q.send_at_s >= cfg.warm_s]
     high_burst = [
         r
@@ -261,6 +306,11 @@ async def run(stack: Stack, cfg: BurstConfig) -> dict[str, Any]:
         "high_ttft_p99_unloaded": percentile(ttfts(unloaded), 99),
         "wake_p99": percentile(wakes, 99),
         "wake_p50": percentile(wakes, 50),
+        "wake_grant_p50": percentile(gate_wakes, 50),
+        "wake_grant_p99": percentile(gate_wakes, 99),
+        "high_admission_wait_mean": high_wait[0],
+        "high_admission_wait_p99_le": high_wait[1],
+        "load_average_1m": os.getloadavg()[0],
         "quota": cfg.quota,
         "peak_running_sampled": peak_sampled,
         "sum_of_worker_peaks": sum(peaks),
@@ -293,6 +343,7 @@ def print_table(report: dict[str, Any]) -> None:
     def ms(key: str) -> str:
         return f"{float(report[key]) * 1000:.1f} ms"
 
+    wait_le = report["high_admission_wait_p99_le"]
     rows = [
         ("quota (requests)", str(report["quota"]), ""),
         ("peak running (sampled)", str(report["peak_running_sampled"]), "<= quota"),
@@ -301,7 +352,10 @@ def print_table(report: dict[str, Any]) -> None:
         ("slots held after", str(report["slots_held_after"]), "goal 0"),
         ("high TTFT p99 unloaded", ms("high_ttft_p99_unloaded"), ""),
         ("high TTFT p50/p99 burst", f"{ms('high_ttft_p50')} / {ms('high_ttft_p99')}", "goal <= 2x unloaded"),
-        ("wake-up p50 / p99", f"{ms('wake_p50')} / {ms('wake_p99')}", "goal p99 <= 50 ms"),
+        ("wake-up p50 / p99", f"{ms('wake_p50')} / {ms('wake_p99')}", "goal p99 <= 50 ms (to worker)"),
+        ("  grant message p50/p99", f"{ms('wake_grant_p50')} / {ms('wake_grant_p99')}", "release -> pub/sub"),
+        ("high admission wait mean", ms("high_admission_wait_mean"), f"p99 <= {wait_le} s (all phases)"),
+        ("load average (1 min)", f"{report['load_average_1m']:.1f}", "2 cores"),
         ("capacity", f"{report['capacity_rps']:.1f} req/s", "quota / unloaded service time"),
         ("requests: all / burst / high", f"{report['requests']} / {report['burst_requests']} / "
          f"{report['high_burst_requests']}", ""),
