@@ -38,7 +38,8 @@ from bench.sim.profiles import EngineProfile, prefill_time_s
 from bench.sim.types import SimRequest
 from policy.types import Band
 
-SWITCH_MIN_COVERAGE = 0.5  # a shared prefix counts as "hot" for switch_rate if it covers >= 50% of the input
+SWITCH_MIN_COVERAGE = 0.5  # a shared prefix counts for switch_rate if it covers >= 50% of the input
+HOT_WINDOW_S = 60.0  # ... and was asked for within this long before (the article's stickiness bound T)
 
 METRIC_NAMES = (
     "hit_rate",
@@ -66,16 +67,20 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def switch_stats(requests: Sequence[SimRequest], workers: Sequence[str | None]) -> tuple[int, int]:
+def switch_stats(
+    requests: Sequence[SimRequest], workers: Sequence[str | None], window_s: float = HOT_WINDOW_S
+) -> tuple[int, int]:
     """(switches, counted pairs) of the hot-prefix switch rate.
 
     For each request in arrival order, its key is the deepest of its block ids that appeared in an
     earlier request (its longest previously seen prefix). The request counts only if that prefix covers
-    >= 50 % of its input tokens and some earlier routed request contained the key block; it is then
-    paired with the most recent such request, and the pair is a switch if the two went to different
-    workers. Rejected requests (worker None) neither count nor update the history.
+    >= 50 % of its input tokens and some earlier routed request contained the key block no more than
+    `window_s` before it (the prefix is hot: a prefix last asked for minutes ago has usually left every
+    cache, and sending it anywhere is no oscillation); it is then paired with the most recent such
+    request, and the pair is a switch if the two went to different workers. Rejected requests (worker
+    None) neither count nor update the history. `window_s=math.inf` counts every pair.
     """
-    last_worker: dict[int, str] = {}  # block id -> worker of the latest routed request containing it
+    last_routed: dict[int, tuple[str, float]] = {}  # block id -> (worker, arrival) of its latest request
     seen: set[int] = set()
     switches = pairs = 0
     for req, worker in zip(requests, workers, strict=True):
@@ -85,19 +90,25 @@ def switch_stats(requests: Sequence[SimRequest], workers: Sequence[str | None]) 
                 depth = i
         if depth >= 0 and worker is not None:
             covered = sum(req.block_tokens[: depth + 1])
-            previous = last_worker.get(req.block_ids[depth])
-            if previous is not None and covered >= SWITCH_MIN_COVERAGE * req.input_tokens:
+            previous = last_routed.get(req.block_ids[depth])
+            if (
+                previous is not None
+                and req.arrival_s - previous[1] <= window_s
+                and covered >= SWITCH_MIN_COVERAGE * req.input_tokens
+            ):
                 pairs += 1
-                switches += previous != worker
+                switches += previous[0] != worker
         seen.update(req.block_ids)
         if worker is not None:
             for block_id in req.block_ids:
-                last_worker[block_id] = worker
+                last_routed[block_id] = (worker, req.arrival_s)
     return switches, pairs
 
 
-def switch_rate(requests: Sequence[SimRequest], workers: Sequence[str | None]) -> float:
-    switches, pairs = switch_stats(requests, workers)
+def switch_rate(
+    requests: Sequence[SimRequest], workers: Sequence[str | None], window_s: float = HOT_WINDOW_S
+) -> float:
+    switches, pairs = switch_stats(requests, workers, window_s)
     return switches / pairs if pairs else 0.0
 
 
@@ -148,6 +159,7 @@ def compute_metrics(
     e2e = sorted(r.finish_s - r.arrival_s for r in done)  # type: ignore[operator]
     queue = sorted(_queue_delay(r, profile) for r in started)
     duration = result.duration_s
+    routed_to = [r.worker for r in records]
     util = _useful_work_util(records, requests, result.worker_ids, profile, duration)
     busy = {w: (result.busy_s[w] / duration if duration > 0 else 0.0) for w in result.worker_ids}
     return {
@@ -162,7 +174,8 @@ def compute_metrics(
         "throughput_rps": len(done) / duration if duration > 0 else 0.0,
         "throughput_tok_s": sum(r.output_tokens for r in done) / duration if duration > 0 else 0.0,
         "util_cv": coefficient_of_variation(list(util.values())),
-        "switch_rate": switch_rate(requests, [r.worker for r in records]),
+        "switch_rate": switch_rate(requests, routed_to),
+        "switch_rate_all": switch_rate(requests, routed_to, math.inf),
         "ttft_mean": statistics.fmean(ttft) if ttft else math.nan,
         "inflight_cv": coefficient_of_variation(_mean_inflight(records, result.worker_ids, duration)),
         "prefill_tokens_cv": coefficient_of_variation(_prefill_tokens(records, result.worker_ids)),

@@ -103,6 +103,14 @@ def test_switch_stats(
     assert switch_stats(requests, workers) == expected
 
 
+def test_switch_stats_counts_only_pairs_within_the_hot_window() -> None:
+    early = req(0, (*SHARED, 10))
+    late = SimRequest(1, 100.0, 4 * 512, 10, (*SHARED, 11), (512,) * 4)  # 100 s later: prefix gone cold
+    assert switch_stats([early, late], ["a", "b"]) == (0, 0)
+    assert switch_stats([early, late], ["a", "b"], window_s=math.inf) == (1, 1)
+    assert switch_stats([early, late], ["a", "b"], window_s=100.0) == (1, 1)
+
+
 def record(i: int, worker: str, arrival: float, first: float, finish: float, cached: int) -> RequestRecord:
     return RequestRecord(i, arrival, 1000, 10, 1, "default", worker, arrival, first, finish, cached)
 
