@@ -73,6 +73,7 @@ class BurstConfig:
     low_wait_ms: int = 10_000
     probes: int = 30
     lease_ms: int = 4_000
+    aging_ms: int = 5_000  # the admission default; 0 = strict priority
     seed: int = 1
 
     @property
@@ -80,11 +81,11 @@ class BurstConfig:
         return self.workers * self.per_worker
 
 
-def band_quota(total: int) -> Quota:
+def band_quota(total: int, aging_ms: int = 5_000) -> Quota:
     """High may take every seat; low never more than half, so half stay reserved for high."""
     low = total // 2
     return Quota(total=total, band={Band.HIGH: total - low, Band.LOW: low}, borrow={Band.HIGH: low},
-                 count_seats=False)  # fmt: skip
+                 aging_ms=aging_ms, count_seats=False)  # fmt: skip
 
 
 def gateway_toml(cfg: BurstConfig) -> str:
@@ -258,7 +259,7 @@ async def leases_after(stack: Stack, cfg: BurstConfig) -> int:
 async def set_band_quota(stack: Stack, cfg: BurstConfig) -> None:
     redis = aioredis.Redis.from_url(stack.redis_url)
     try:
-        await set_quota(redis, MODEL, band_quota(cfg.quota))
+        await set_quota(redis, MODEL, band_quota(cfg.quota, cfg.aging_ms))
     finally:
         await redis.aclose()
 
