@@ -25,10 +25,21 @@ if redis.call('HEXISTS', K_WAITER, rid) == 1 then return reply(4, 0, 0, pump()) 
 
 local s = clamp_seats(tonumber(ARGV[6]), b, t)
 if worker ~= '' and worker_full(worker) then return reply(-3, s, 0, pump()) end
+local vtime = tonumber(redis.call('HGET', K_QSTATE, 'vtime:' .. b)) or 0
+-- fast path: no waiter anywhere and the seats fit. Same end state as queueing then granting at once
+-- (the band's tag table is empty when its queue is, so the tag is vtime + s), in a third of the calls.
+local nobody_waits = redis.call('EXISTS', qkey(0), qkey(1), qkey(2)) == 0
+if nobody_waits and tenant_ok(t, s) and band_ok(b, s) and total_ok(s) then
+  local l = {s = s, b = b, t = t, g = NOW, w = gateway, k = worker}
+  redis.call('ZADD', K_LEASES, int(NOW + lease_ms), rid)
+  redis.call('HSET', K_LEASE, rid, cjson.encode(l))
+  add_usage(l, 1)
+  redis.call('HSET', K_QSTATE, 'vtime:' .. b, int(vtime + s), 'since:' .. b, int(NOW))
+  return reply(1, s, 0, {})
+end
 local q = qkey(b)
 local was_empty = redis.call('ZCARD', q) == 0
 local prev_tag = tonumber(redis.call('HGET', tagkey(b), t))
-local vtime = tonumber(redis.call('HGET', K_QSTATE, 'vtime:' .. b)) or 0
 local tag = math.max(vtime, prev_tag or 0) + s
 redis.call('ZADD', q, int(tag), rid)
 redis.call('HSET', K_WAITER, rid, cjson.encode({s = s, b = b, t = t, l = lease_ms, w = gateway, k = worker}))

@@ -55,6 +55,25 @@ async def test_acquire_return_codes(redis: aioredis.Redis, scripts: AdmissionScr
     assert (await scripts.snapshot(M, now_ms=T0))["queued"] == {"low": 0, "normal": 1, "high": 0}
 
 
+async def test_admission_with_nobody_waiting_leaves_the_state_a_queue_then_grant_would(
+    redis: aioredis.Redis, scripts: AdmissionScripts
+) -> None:
+    """The fast path (no waiter, seats fit) must end where joining the queue and being granted at
+    once ends: a lease, usage, the band's virtual time advanced by the seats, no queue traces."""
+    await quota(redis, Quota(total=10))
+    await redis.hset(model_keys(M)[9], "vtime:1", 7)
+    assert await take(scripts, "a", seats=3, now=T0) == AdmitCode.ADMITTED
+    qstate = {k.decode(): int(v) for k, v in (await redis.hgetall(model_keys(M)[9])).items()}
+    assert qstate == {"vtime:1": 10, "since:1": T0}
+    lease = json.loads(await redis.hget(model_keys(M)[2], "a"))
+    assert (lease["s"], lease["b"], lease["t"], lease["g"], lease["w"]) == (3, 1, "t", T0, "gw")
+    for key in (*model_keys(M)[4:9], *model_keys(M)[10:13]):  # queues, waiters, deadlines, tags
+        assert not await redis.exists(key), key
+    # with a waiter in any band the fast path is not taken: queue order still decides
+    assert await take(scripts, "h", band=H, seats=8, now=T0) == AdmitCode.QUEUED
+    assert await take(scripts, "b", seats=1, now=T0) == AdmitCode.QUEUED
+
+
 async def test_release_return_codes_and_grant_is_published(
     redis: aioredis.Redis, scripts: AdmissionScripts
 ) -> None:
