@@ -6,7 +6,11 @@ same settings kvgate uses) and `kvgate` (the full addon: parsing, hashing, admis
 Redis, routing, release, metrics). For each: saturation requests/s with a closed loop of
 concurrent clients; then, open loop at half of bare mitmdump's saturation rate, latency p50/p99 of
 non-streaming requests and TTFT p50 of streaming ones. Requests carry 4k-token prompts (a shared
-system prompt + a unique question). Results are ratios within one run (the machine is noisy).
+system prompt + a unique question). Results are ratios within one run (the machine is noisy): the
+two proxies' saturation is measured in alternating rounds, so a change in the machine's load hits
+both alike, together with each proxy process's CPU time per request (from /proc, Linux), which
+load on other cores disturbs less than requests/s. A target whose own saturation is below the
+open-loop rate (utilization >= 0.9) is flagged `overloaded`: its latencies then measure queueing.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import tempfile
@@ -99,24 +104,71 @@ async def open_loop_latency(base_url: str, bodies: Callable[[int], dict[str, obj
     return percentile(latencies, 50), percentile(latencies, 99), errors
 
 
-def measure(url: str, args: argparse.Namespace, rate: float | None, system: str) -> dict[str, float]:
+OVERLOADED_UTILIZATION = 0.9  # open-loop rate / the target's own saturation rate
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of process `pid` (Linux /proc), None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def saturation(
+    url: str, pid: int | None, args: argparse.Namespace, system: str, seconds: float
+) -> tuple[float, float | None]:
+    """(requests/s, CPU seconds per request of process `pid`) with a closed loop of `seconds`."""
+    rng = random.Random(7)
+    before = cpu_seconds(pid) if pid else None
+    rps = asyncio.run(
+        saturation_rps(url, lambda i: make_body(rng, system, i, stream=False), concurrency=args.concurrency,
+                       duration_s=seconds)
+    )  # fmt: skip
+    after = cpu_seconds(pid) if pid else None
+    if before is None or after is None or rps <= 0:
+        return rps, None
+    return rps, (after - before) / (rps * seconds)
+
+
+def alternating_saturation(
+    targets: dict[str, tuple[str, int]], args: argparse.Namespace, system: str
+) -> dict[str, dict[str, float]]:
+    """Saturation of each (url, pid) target over `args.rounds` alternating rounds of seconds/rounds each."""
+    done: dict[str, list[tuple[float, float | None]]] = {name: [] for name in targets}
+    for _ in range(args.rounds):
+        for name, (url, pid) in targets.items():
+            done[name].append(saturation(url, pid, args, system, args.seconds / args.rounds))
+    out: dict[str, dict[str, float]] = {}
+    for name, rounds in done.items():
+        out[name] = {"saturation_rps": sum(r for r, _ in rounds) / len(rounds)}
+        cpus = [c for _, c in rounds if c is not None]
+        if cpus:
+            out[name]["cpu_ms_per_request"] = 1000 * sum(cpus) / len(cpus)
+    return out
+
+
+def measure(url: str, args: argparse.Namespace, rate: float, system: str, sat_rps: float) -> dict[str, float]:
+    """Open loop at `rate`: p50/p99 latency of plain requests, TTFT p50 of streams, and the utilization."""
     rng = random.Random(7)
 
     def plain(i: int) -> dict[str, object]:
         return make_body(rng, system, i, stream=False)
 
-    sat = asyncio.run(saturation_rps(url, plain, concurrency=args.concurrency, duration_s=args.seconds))
-    out: dict[str, float] = {"saturation_rps": sat}
-    if rate is not None:
-        p50, p99, errors = asyncio.run(open_loop_latency(url, plain, rate_rps=rate, duration_s=args.seconds))
-        streams = [
-            LiveRequest(send_at_s=i / rate, body=make_body(rng, system, i, stream=True))
-            for i in range(int(rate * args.seconds))
-        ]
-        results = asyncio.run(run_open_loop(url, streams))
-        ttfts = [r.ttft_s for r in results if r.ok and r.ttft_s is not None]
-        out |= {"p50": p50, "p99": p99, "ttft_p50": percentile(ttfts, 50), "rate_rps": rate,
-                "errors": errors + sum(1 for r in results if not r.ok)}  # fmt: skip
+    out: dict[str, float] = {"saturation_rps": sat_rps}
+    p50, p99, errors = asyncio.run(open_loop_latency(url, plain, rate_rps=rate, duration_s=args.seconds))
+    streams = [
+        LiveRequest(send_at_s=i / rate, body=make_body(rng, system, i, stream=True))
+        for i in range(int(rate * args.seconds))
+    ]
+    results = asyncio.run(run_open_loop(url, streams))
+    ttfts = [r.ttft_s for r in results if r.ok and r.ttft_s is not None]
+    utilization = rate / sat_rps if sat_rps > 0 else float("inf")
+    out |= {"p50": p50, "p99": p99, "ttft_p50": percentile(ttfts, 50), "rate_rps": rate,
+            "errors": errors + sum(1 for r in results if not r.ok), "open_loop_utilization": utilization,
+            "overloaded": utilization >= OVERLOADED_UTILIZATION}  # fmt: skip
     return out
 
 
@@ -131,6 +183,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--seconds", type=float, default=8.0, help="length of each measurement")
     parser.add_argument("--concurrency", type=int, default=32, help="closed-loop clients at saturation")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating saturation rounds per proxy")
     args = parser.parse_args(argv)
     rng = random.Random(1)
     system = filler_text(rng, PROMPT_TOKENS)
@@ -155,13 +208,17 @@ def main(argv: list[str]) -> int:
             "bench", config=kvgate_config(Path(tmp) / "kvgate.toml"),
             extra=["--worker", upstream_url, "--model", MODEL],
         )  # fmt: skip
-        print("measuring bare mitmdump saturation ...", file=sys.stderr)
-        mitm_sat = measure(mitm_url, args, None, system)["saturation_rps"]
-        rate = mitm_sat / 2
+        kvgate_pid = stack.processes[-1].proc.pid
+        print("measuring saturation (mitmdump and kvgate in alternating rounds) ...", file=sys.stderr)
+        sats = alternating_saturation(
+            {"mitmdump": (mitm_url, mitm.proc.pid), "kvgate": (kvgate_url, kvgate_pid)}, args, system
+        )
+        sats["direct"] = {"saturation_rps": saturation(upstream_url, None, args, system, args.seconds / 2)[0]}
+        rate = sats["mitmdump"]["saturation_rps"] / 2
         report: dict[str, object] = {}
         for name, url in (("direct", upstream_url), ("mitmdump", mitm_url), ("kvgate", kvgate_url)):
             print(f"measuring {name} (open loop at {rate:.0f} req/s) ...", file=sys.stderr)
-            report[name] = measure(url, args, rate, system)
+            report[name] = sats[name] | measure(url, args, rate, system, sats[name]["saturation_rps"])
     direct, mitm_r, kv = (report[k] for k in ("direct", "mitmdump", "kvgate"))
     assert isinstance(mitm_r, dict) and isinstance(kv, dict) and isinstance(direct, dict)
     report |= {
@@ -170,21 +227,38 @@ def main(argv: list[str]) -> int:
         "addon_ttft_added_p50": kv["ttft_p50"] - mitm_r["ttft_p50"],
         "rps_ratio_vs_mitmdump": kv["saturation_rps"] / mitm_r["saturation_rps"],
         "prompt_tokens": PROMPT_TOKENS,
+        "open_loop_rps": rate,
     }
-    print(
-        f"\n{'target':<10} {'sat req/s':>10} {'p50':>9} {'p99':>9} {'TTFT p50':>9}   (open loop {rate:.0f}/s)"
-    )
-    for name in ("direct", "mitmdump", "kvgate"):
-        r = report[name]
-        assert isinstance(r, dict)
-        print(f"{name:<10} {r['saturation_rps']:>10.0f} {r['p50'] * 1e3:>7.2f}ms {r['p99'] * 1e3:>7.2f}ms "
-              f"{r['ttft_p50'] * 1e3:>7.2f}ms")  # fmt: skip
-    print(
-        f"\naddon adds p50 {report['addon_added_p50'] * 1e3:+.2f} ms,"
-        f" p99 {report['addon_added_p99'] * 1e3:+.2f} ms,"
-        f" TTFT p50 {report['addon_ttft_added_p50'] * 1e3:+.2f} ms;"
-        f" saturation {report['rps_ratio_vs_mitmdump']:.0%} of bare mitmdump"
-    )
+    if "cpu_ms_per_request" in kv and "cpu_ms_per_request" in mitm_r:
+        added = kv["cpu_ms_per_request"] - mitm_r["cpu_ms_per_request"]
+        report["addon_cpu_ms_per_request"] = added
+        report["addon_cpu_share_of_mitmproxy"] = added / mitm_r["cpu_ms_per_request"]
+    print_report(report, rate)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     return 0
+
+
+def print_report(report: dict[str, object], rate: float) -> None:
+    print(f"\n{'target':<10} {'sat req/s':>10} {'CPU/req':>9} {'p50':>9} {'p99':>9} {'TTFT p50':>9} "
+          f"{'util':>5}   (open loop {rate:.0f}/s)")  # fmt: skip
+    for name in ("direct", "mitmdump", "kvgate"):
+        r = report[name]
+        assert isinstance(r, dict)
+        cpu = f"{r['cpu_ms_per_request']:>7.2f}ms" if "cpu_ms_per_request" in r else f"{'-':>9}"
+        flag = "  OVERLOADED: latencies measure queueing" if r["overloaded"] else ""
+        util = r["open_loop_utilization"]
+        print(f"{name:<10} {r['saturation_rps']:>10.0f} {cpu} {r['p50'] * 1e3:>7.2f}ms "
+              f"{r['p99'] * 1e3:>7.2f}ms {r['ttft_p50'] * 1e3:>7.2f}ms {util:>5.2f}{flag}")  # fmt: skip
+    line = (
+        f"\naddon adds p50 {report['addon_added_p50'] * 1e3:+.2f} ms,"  # type: ignore[operator]
+        f" p99 {report['addon_added_p99'] * 1e3:+.2f} ms,"  # type: ignore[operator]
+        f" TTFT p50 {report['addon_ttft_added_p50'] * 1e3:+.2f} ms;"  # type: ignore[operator]
+        f" saturation {report['rps_ratio_vs_mitmdump']:.0%} of bare mitmdump"
+    )
+    if "addon_cpu_share_of_mitmproxy" in report:
+        line += (
+            f"; addon CPU {report['addon_cpu_ms_per_request']:.2f} ms/request ="
+            f" {report['addon_cpu_share_of_mitmproxy']:.0%} of mitmproxy's own"
+        )
+    print(line)
