@@ -187,6 +187,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     rng = random.Random(1)
     system = filler_text(rng, PROMPT_TOKENS)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="kvgate-overhead-") as tmp, Stack(log_dir=Path(tmp)) as stack:
         stack.start_redis()
         up_port = free_port()
@@ -228,6 +229,8 @@ def main(argv: list[str]) -> int:
         "rps_ratio_vs_mitmdump": kv["saturation_rps"] / mitm_r["saturation_rps"],
         "prompt_tokens": PROMPT_TOKENS,
         "open_loop_rps": rate,
+        # the machine's 1-minute load average before and after: other work on a shared box moves every figure
+        "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
     if "cpu_ms_per_request" in kv and "cpu_ms_per_request" in mitm_r:
         added = kv["cpu_ms_per_request"] - mitm_r["cpu_ms_per_request"]
@@ -262,3 +265,4 @@ def print_report(report: dict[str, object], rate: float) -> None:
             f" {report['addon_cpu_share_of_mitmproxy']:.0%} of mitmproxy's own"
         )
     print(line)
+    print(f"machine load average (1 min) before/after: {report['loadavg_1m']} on {os.cpu_count()} cores")
