@@ -25,8 +25,10 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 CONNECT_TIMEOUT_S = 5.0
+DEFAULT_SOCKET_TIMEOUT = 5.0  # redis-py's default reply timeout
 _INCOMPLETE = object()
 
 
@@ -64,7 +66,7 @@ class _Protocol(asyncio.Protocol):
                 break
             value, pos = parsed
             if not self.pending:  # a reply nobody asked for: the stream is out of step
-                self._fail(RedisConnectionError("unexpected reply from Redis"))
+                self.fail(RedisConnectionError("unexpected reply from Redis"))
                 return
             future = self.pending.popleft()
             if future.done():  # its caller was cancelled
@@ -83,7 +85,7 @@ class _Protocol(asyncio.Protocol):
             if not future.done():
                 future.set_exception(error)
 
-    def _fail(self, error: Exception) -> None:
+    def fail(self, error: Exception) -> None:
         if self.transport is not None:
             self.transport.abort()
         self.connection_lost(error)
@@ -152,10 +154,12 @@ class RespChannel:
     """One dedicated, lazily (re)connected connection; `execute()` is safe to call concurrently."""
 
     def __init__(
-        self, host: str, port: int, *, username: str | None = None, password: str | None = None, db: int = 0
-    ) -> None:
+        self, host: str, port: int, *, username: str | None = None, password: str | None = None, db: int = 0,
+        timeout_s: float | None = DEFAULT_SOCKET_TIMEOUT,
+    ) -> None:  # fmt: skip
         self.host, self.port = host, port
         self.username, self.password, self.db = username, password, db
+        self.timeout_s = timeout_s  # per reply, as redis-py's socket_timeout; then the connection is dropped
         self._protocol: _Protocol | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Future[_Protocol] | None = None
@@ -169,9 +173,11 @@ class RespChannel:
         kw = pool.connection_kwargs
         if kw.get("protocol") not in (None, 2, "2"):
             return None
+        timeout = kw.get("socket_timeout", DEFAULT_SOCKET_TIMEOUT)
         return cls(
             str(kw.get("host") or "localhost"), int(kw.get("port") or 6379), username=kw.get("username"),
             password=kw.get("password"), db=int(kw.get("db") or 0),
+            timeout_s=DEFAULT_SOCKET_TIMEOUT if timeout is None else float(timeout),
         )  # fmt: skip
 
     async def execute(self, *args: Any, first: Head | None = None) -> Any:
@@ -180,17 +186,29 @@ class RespChannel:
         request id)."""
         command = pack(args, first)
         try:
-            return await self._send(await self._ready(), command)
+            return await self._round_trip(command)
         except (RedisConnectionError, OSError):
             self._protocol = None
-            return await self._send(await self._ready(), command)
+            return await self._round_trip(command)
+
+    async def _round_trip(self, command: bytes) -> Any:
+        protocol = await self._ready()
+        try:
+            return await asyncio.wait_for(self._send(protocol, command), self.timeout_s)
+        except TimeoutError:
+            protocol.fail(RedisTimeoutError("Redis did not answer in time"))
+            raise RedisTimeoutError(f"Redis did not answer within {self.timeout_s} s") from None
 
     async def pipeline(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         """Send `commands` together (one write) and return their replies; raises the first error
         reply after all have answered. Not resent after a lost connection."""
         protocol = await self._ready()
         futures = [self._send(protocol, pack(c)) for c in commands]
-        return list(await asyncio.gather(*futures))
+        try:
+            return list(await asyncio.wait_for(asyncio.gather(*futures), self.timeout_s))
+        except TimeoutError:
+            protocol.fail(RedisTimeoutError("Redis did not answer in time"))
+            raise RedisTimeoutError(f"Redis did not answer within {self.timeout_s} s") from None
 
     async def aclose(self) -> None:
         protocol, self._protocol = self._protocol, None

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from plugin.resp import _INCOMPLETE, RespChannel, _parse, pack
 
@@ -93,3 +94,29 @@ def test_other_connection_kinds_keep_redis_py() -> None:
     assert (channel.host, channel.port, channel.username, channel.password, channel.db) == (
         "127.0.0.1", 7, "u", "pw", 3,
     )  # fmt: skip
+
+
+async def test_a_server_that_does_not_answer_times_out_and_the_connection_is_dropped() -> None:
+    connections: list[asyncio.StreamReader] = []
+    writers: list[asyncio.StreamWriter] = []  # kept: a collected writer closes its connection
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(reader)
+        writers.append(writer)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    channel = RespChannel("127.0.0.1", port, timeout_s=0.05)
+    try:
+        with pytest.raises(RedisTimeoutError):
+            await channel.execute("PING")
+        assert await asyncio.wait_for(connections[0].read(), 5) == b"*1\r\n$4\r\nPING\r\n"  # then EOF
+        with pytest.raises(RedisTimeoutError):
+            await channel.pipeline([("PING",), ("PING",)])
+        assert len(connections) == 2  # a fresh connection after the dropped one
+    finally:
+        await channel.aclose()
+        for writer in writers:
+            writer.close()
+        server.close()
+        await server.wait_closed()
