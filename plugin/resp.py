@@ -225,21 +225,31 @@ class RespChannel:
         return future
 
     async def _ready(self) -> _Protocol:
+        """The live connection; the first caller connects, concurrent callers wait for it (and take
+        over if that caller is cancelled meanwhile)."""
         loop = asyncio.get_running_loop()
-        protocol = self._protocol
-        if protocol is not None and not protocol.lost and self._loop is loop:
-            return protocol
-        if self._connecting is None or self._connecting.done() or self._loop is not loop:
+        while True:
+            protocol = self._protocol
+            if protocol is not None and not protocol.lost and self._loop is loop:
+                return protocol
+            waiting_for = self._connecting
+            if waiting_for is not None and not waiting_for.done() and self._loop is loop:
+                try:
+                    return await asyncio.shield(waiting_for)
+                except asyncio.CancelledError:
+                    me = asyncio.current_task()
+                    if waiting_for.cancelled() and me is not None and not me.cancelling():
+                        continue  # the connecting caller left, not us: connect ourselves
+                    raise
             self._loop = loop
-            self._connecting = loop.create_future()
-            connecting = self._connecting
+            self._connecting = connecting = loop.create_future()
             try:
                 protocol = await self._connect(loop)
             except BaseException as e:
                 self._connecting = None
                 if isinstance(e, asyncio.CancelledError):
                     connecting.cancel()
-                elif not connecting.done():
+                else:
                     connecting.set_exception(e)
                     with contextlib.suppress(BaseException):
                         connecting.exception()  # retrieved: no "never retrieved" warning
@@ -247,7 +257,6 @@ class RespChannel:
             self._protocol = protocol
             connecting.set_result(protocol)
             return protocol
-        return await asyncio.shield(self._connecting)
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
         _, protocol = await asyncio.wait_for(

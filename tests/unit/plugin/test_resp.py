@@ -120,3 +120,19 @@ async def test_a_server_that_does_not_answer_times_out_and_the_connection_is_dro
             writer.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_caller_cancelled_while_connecting_does_not_fail_the_callers_waiting_on_it(
+    redis: aioredis.Redis,
+) -> None:
+    channel = RespChannel.for_client(redis)
+    assert channel is not None
+    try:
+        first = asyncio.ensure_future(channel.execute("PING"))
+        second = asyncio.ensure_future(channel.execute("ECHO", "x"))
+        await asyncio.sleep(0)  # first is connecting, second waits for that connection
+        first.cancel()
+        assert await asyncio.wait_for(second, 5) == b"x"
+        assert first.cancelled()
+    finally:
+        await channel.aclose()
