@@ -136,6 +136,17 @@ def _pyplot() -> Any:
     return plt
 
 
+def _line_style(policy: str, index: int) -> dict[str, Any]:
+    """Distinct colours for up to 20 policies (tab10 repeats after 10); kvgate drawn bold in black."""
+    if policy.startswith("kvgate"):
+        return {"color": "black", "lw": 2.2, "zorder": 5}
+    return {"color": _PALETTE[index % len(_PALETTE)], "lw": 1.1, "ls": "-" if index < 10 else "--"}
+
+
+_PALETTE = [f"tab:{c}" for c in ("blue", "orange", "green", "red", "purple", "brown", "pink", "gray",
+                                  "olive", "cyan")]  # fmt: skip
+
+
 def plot_run(out_dir: Path, document: dict[str, object], runs: Sequence[PolicyRun]) -> list[Path]:
     """TTFT CDF, hit rate vs bounds, load over time; returns the files written."""
     plt = _pyplot()
@@ -144,11 +155,14 @@ def plot_run(out_dir: Path, document: dict[str, object], runs: Sequence[PolicyRu
     title = f"{document['trace']} · {document['workers']} workers · load {document['load']}"
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    for run in ok:
+    for index, run in enumerate(ok):
         xs = run.ttft_samples
         if xs:
             ax.plot(
-                [max(x, 1e-4) for x in xs], [(i + 1) / len(xs) for i in range(len(xs))], label=_run_label(run)
+                [max(x, 1e-4) for x in xs],
+                [(i + 1) / len(xs) for i in range(len(xs))],
+                label=_run_label(run),
+                **_line_style(run.policy, index),
             )
     ax.set_xscale("log")
     ax.set_xlabel("time to first token (s)")
@@ -226,9 +240,10 @@ def plot_sweep(out_dir: Path, sweep: dict[str, object]) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     loads = sweep["loads"]
-    for policy, entry in sweep["policies"].items():  # type: ignore[attr-defined]
+    for index, (policy, entry) in enumerate(sweep["policies"].items()):  # type: ignore[attr-defined]
         points = [(x, y) for x, y in zip(loads, entry["ttft_p99"], strict=False) if y is not None]  # type: ignore[call-overload]
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=policy)
+        style = _line_style(policy, index)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=policy, **style)
     ax.set_yscale("log")
     ax.set_xlabel("offered load (fraction of cluster capacity, no cache hits)")
     ax.set_ylabel("TTFT p99 (s)")
