@@ -17,12 +17,15 @@ Options (per-process knobs; everything else is the TOML file, plugin/config.py):
     kvgate_worker_max_concurrency  per static worker (0 = unknown)
 On SIGTERM the gateway drains: new requests get 503, live streams finish (bounded by
 gateway.drain_timeout_ms), then mitmproxy shuts down (MITMPROXY.md §5).
+Profiling: with the environment variable KVGATE_PROFILE=PATH the process runs under cProfile from
+start to shutdown and writes its stats to PATH (read them with `python -m pstats PATH`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import cProfile
 import gc
 import logging
 import os
@@ -85,6 +88,7 @@ class KvGate:
         self.suspects: dict[tuple[str, str], float] = {}  # (model, worker) -> skip until (monotonic)
         self.releases = 0
         self._started = False
+        self._profiler: cProfile.Profile | None = None
         # The children are dispatched by the hooks below rather than registered as mitmproxy child
         # addons: each event goes through mitmproxy's ~40-addon dispatch, and four more addons in
         # that chain cost measurable CPU per request; the order and the one-concern-per-child
@@ -206,6 +210,9 @@ class KvGate:
             # everything built so far (mitmproxy, kvgate, config) lives as long as the process: take it
             # out of the cyclic GC's scans (measured: GC 7% -> 4% of gateway CPU at saturation)
             gc.freeze()
+        if os.environ.get("KVGATE_PROFILE"):
+            self._profiler = cProfile.Profile()
+            self._profiler.enable()
 
     async def done(self) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -223,6 +230,10 @@ class KvGate:
         if self.embedded is not None:
             self.embedded.stop()
             self.embedded = None
+        if self._profiler is not None:
+            self._profiler.disable()
+            self._profiler.dump_stats(os.environ["KVGATE_PROFILE"])
+            self._profiler = None
         self._started = False
 
     def _on_refresh(self, models: Sequence[str]) -> None:
