@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
+import time
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -40,6 +42,8 @@ class StaticWorkers:
         max_concurrency: int = 0,
         period_s: float = 1.0,
         lease_periods: int = 4,
+        health_timeout_s: float = 2.0,
+        slow_grace_s: float = 30.0,
     ) -> None:
         self.redis = redis
         self.urls = [u if "://" in u else f"http://{u}" for u in urls]
@@ -47,12 +51,19 @@ class StaticWorkers:
         self.max_concurrency = max_concurrency
         self.period_s = period_s
         self.lease_ms = int(period_s * lease_periods * 1000)
+        self.health_timeout_s = health_timeout_s
+        # A health check that times out is not a refusal: under load the gateway's own event loop is
+        # often what is slow, and dropping the worker then turns overload into 503s. A worker that
+        # answered within the last `slow_grace_s` keeps its lease through timeouts; a refused
+        # connection or an error status ends renewal at once.
+        self.slow_grace_s = slow_grace_s
+        self._last_healthy: dict[str, float] = {}  # url -> monotonic time of its last healthy answer
         self.models: dict[str, tuple[str, ...]] = {}  # url -> models it serves (once known)
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0))
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.health_timeout_s))
         await self.tick()  # registered before the gateway takes traffic
         self._task = spawn(self._loop(), name="kvgate-static-workers")
 
@@ -70,7 +81,13 @@ class StaticWorkers:
         await asyncio.gather(*(self._check(url) for url in self.urls))
 
     async def _check(self, url: str) -> None:
-        if not await self._healthy(url):
+        healthy = await self._healthy(url)
+        now_mono = time.monotonic()
+        if healthy:
+            self._last_healthy[url] = now_mono
+        elif healthy is None and now_mono - self._last_healthy.get(url, -math.inf) <= self.slow_grace_s:
+            pass  # slow to answer, not gone: keep renewing for now
+        else:
             return  # no renewal: the lease runs out and routing stops
         models = self.models.get(url) or await self._discover(url)
         if not models:
@@ -97,12 +114,15 @@ class StaticWorkers:
         except (RedisError, OSError) as e:
             logger.warning("static worker %s: registry update failed: %s", url, e)
 
-    async def _healthy(self, url: str) -> bool:
+    async def _healthy(self, url: str) -> bool | None:
+        """True: healthy; False: refused or an error status; None: no answer within the timeout."""
         assert self._session is not None
         try:
             async with self._session.get(f"{url}/health") as resp:
                 return resp.status < 300
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        except TimeoutError:
+            return None
+        except (aiohttp.ClientError, OSError):
             return False
 
     async def _discover(self, url: str) -> tuple[str, ...]:

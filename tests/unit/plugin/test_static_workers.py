@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import redis.asyncio as aioredis
+from aiohttp import web
 
 from agent import registry
 from plugin.mirror import wall_ms
@@ -34,3 +37,49 @@ async def test_registered_while_healthy_then_left_to_expire(redis: aioredis.Redi
     finally:
         await workers.close()
         await upstream.close()
+
+
+class SlowHealthWorker:
+    """A worker whose /health can be made to hang (as it seems to a gateway whose loop is saturated)."""
+
+    def __init__(self) -> None:
+        self.hang = asyncio.Event()
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        self.runner = web.AppRunner(app)
+        self.url = ""
+
+    async def start(self) -> SlowHealthWorker:
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        return self
+
+    async def _health(self, _: web.Request) -> web.Response:
+        if self.hang.is_set():
+            await asyncio.sleep(1)
+        return web.Response(text="ok")
+
+    async def _models(self, _: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "slow-model"}]})
+
+
+async def test_timeouts_within_the_grace_keep_the_lease_then_it_runs_out(redis: aioredis.Redis) -> None:
+    worker = await SlowHealthWorker().start()
+    workers = StaticWorkers(redis, [worker.url], period_s=60, health_timeout_s=0.1, slow_grace_s=30)
+    await workers.start()
+    try:
+        [first] = await registry.read_workers(redis, "slow-model", wall_ms())
+        worker.hang.set()
+        await workers.tick()  # times out, but it answered moments ago: renewed
+        [renewed] = await registry.read_workers(redis, "slow-model", wall_ms())
+        assert renewed.lease_expiry_ms > first.lease_expiry_ms
+        workers.slow_grace_s = 0.0  # past the grace: a timeout no longer renews
+        await workers.tick()
+        [after] = await registry.read_workers(redis, "slow-model", wall_ms())
+        assert after.lease_expiry_ms == renewed.lease_expiry_ms
+    finally:
+        await workers.close()
+        await worker.runner.cleanup()
