@@ -389,7 +389,7 @@ class PrebleRouter:
                 return
             topt = self._topt(heavy)
             cands = [
-                (s.c_prefill.get(heavy, 0.0) + s.c_decode.get(heavy, 0.0) * topt, id(s), s)
+                (s.c_prefill.get(heavy, 0.0) + s.c_decode.get(heavy, 0.0) * topt, _node_key(s.node), s)
                 for s in self._gpu_nodes.get(heavy, ())
                 if s.node.is_large() and s.count > 1
             ]
@@ -421,7 +421,8 @@ class PrebleRouter:
         self._seq += 1
         node.move_seq, node.move_gpu = self._seq, gpu
         target = {gpu}
-        for s in list(node.windowed):  # includes the node's own stats when windowed
+        # includes the node's own stats when windowed; a fixed order keeps float sums reproducible
+        for s in sorted(node.windowed, key=lambda st: _node_key(st.node)):
             unchanged = s.node.alloc == target
             s.node.alloc, s.node.alloc_seq = {gpu}, self._seq
             if not unchanged:
@@ -455,3 +456,9 @@ def gpus_of(router: PrebleRouter, block_ids: Sequence[int]) -> set[str]:
     """The allocation of the node holding the last of `block_ids` (for tests and inspection)."""
     node = router._where.get(block_ids[-1])
     return set(node.alloc) if node is not None else set()
+
+
+def _node_key(node: _Node) -> tuple[int, int]:
+    """A stable tie-break for nodes of equal cost: where the node starts in the tree (its first block
+    id names its whole prefix). Object ids would make runs differ from process to process."""
+    return (node.context_length - node.num_tokens, node.blocks[0] if node.blocks else -1)
