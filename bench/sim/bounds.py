@@ -8,13 +8,22 @@ Both are token-weighted (hit tokens / input tokens) and replay requests in arriv
                   then touches all its blocks tail-first so roots end most recent; no in-flight pinning.
 Reference values (shared/reference/PEERS.md §5): conversation trace ideal 37.4 %, LRU 10k blocks 21.6 %,
 50k 36.2 %; synthetic ideal 65.1 %, LRU 10k 43.2 %.
+
+And a latency floor: `ttft_floor` = a percentile of each request's TTFT on an idle worker with an
+infinite cache (only the prefix never seen before is computed). No router can bring a TTFT percentile
+below it; it tells how much of a trace's tail is prefill of long prompts rather than queueing.
+
+    python -m bench.sim.bounds TRACE.jsonl [--workers 8] [--profile h100-llama3.1-8b]
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
+from bench.sim.profiles import EngineProfile, load_profile, prefill_time_s
 from bench.sim.types import SimRequest
 
 
@@ -67,3 +76,47 @@ def reusable_working_set_tokens(requests: Sequence[SimRequest]) -> int:
             counts[block_id] = counts.get(block_id, 0) + 1
             tokens_of[block_id] = max(tokens_of.get(block_id, 0), tokens)
     return sum(tokens_of[b] for b, n in counts.items() if n >= 2)
+
+
+def ttft_floor(requests: Iterable[SimRequest], profile: EngineProfile, q: float = 99.0) -> float:
+    """Percentile `q` of TTFT on an idle worker with an infinite cache (compulsory misses only)."""
+    seen: set[int] = set()
+    ttfts: list[float] = []
+    for req in requests:
+        hit = 0
+        for block_id, tokens in zip(req.block_ids, req.block_tokens, strict=True):
+            if block_id not in seen:
+                break
+            hit += tokens
+        seen.update(req.block_ids)
+        ttfts.append(prefill_time_s(profile, max(1, req.input_tokens - hit), hit))
+    ttfts.sort()
+    if not ttfts:
+        return 0.0
+    pos = (len(ttfts) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(ttfts) - 1)
+    return ttfts[lo] + (ttfts[hi] - ttfts[lo]) * (pos - lo)
+
+
+def main(argv: list[str]) -> int:
+    from bench.sim.traces import load_trace
+
+    parser = argparse.ArgumentParser(prog="python -m bench.sim.bounds", description="a trace's bounds")
+    parser.add_argument("trace")
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--profile", default="h100-llama3.1-8b")
+    args = parser.parse_args(argv)
+    profile = load_profile(args.profile)
+    requests = load_trace(args.trace)
+    capacity = pooled_capacity_blocks(args.workers, profile.capacity_tokens)
+    print(f"{args.trace}: {len(requests)} requests, {args.workers} × {profile.name}")
+    print(f"infinite-cache hit rate {infinite_cache_hit_rate(requests):.1%}")
+    print(f"pooled-LRU hit rate     {pooled_lru_hit_rate(requests, capacity):.1%}")
+    for q in (50.0, 90.0, 99.0):
+        print(f"TTFT p{q:.0f} floor         {ttft_floor(requests, profile, q):.3f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.sim.bounds import infinite_cache_hit_rate, pooled_lru_hit_rate, reusable_working_set_tokens
+from bench.sim.bounds import (
+    infinite_cache_hit_rate,
+    pooled_lru_hit_rate,
+    reusable_working_set_tokens,
+    ttft_floor,
+)
+from bench.sim.profiles import load_profile, prefill_time_s
 from bench.sim.traces import load_trace
 from bench.sim.types import SimRequest
 
@@ -94,3 +100,11 @@ def test_lru_is_bounded_by_the_infinite_cache_and_monotone_in_capacity(
     smaller, larger = pooled_lru_hit_rate(trace, cap), pooled_lru_hit_rate(trace, cap + 1)
     assert 0.0 <= smaller <= larger <= infinite_cache_hit_rate(trace) + 1e-12
     assert pooled_lru_hit_rate(trace, 10_000) == pytest.approx(infinite_cache_hit_rate(trace))
+
+
+def test_ttft_floor_computes_only_the_never_seen_part_on_an_idle_worker() -> None:
+    profile = load_profile("h100-llama3.1-8b")
+    first = SimRequest(0, 0.0, 1024, 1, (1, 2), (512, 512))
+    second = SimRequest(1, 1.0, 1024, 1, (1, 3), (512, 512))  # block 1 seen: only 512 new tokens
+    assert ttft_floor([first, second], profile, q=100) == prefill_time_s(profile, 1024, 0)
+    assert ttft_floor([first, second], profile, q=0) == prefill_time_s(profile, 512, 512)
