@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from mitmproxy import http
 
-from plugin.context import answered, fail_closed, now_s, state_of
+from plugin.context import accepted, fail_closed, now_s
 from plugin.errors import GatewayError
 from plugin.slots import AdmissionRejected, Lease, SlotPool, Ticket
 from plugin.tasks import spawn
@@ -42,12 +42,10 @@ class Admission:
 
     @fail_closed
     async def request(self, flow: http.HTTPFlow) -> None:
-        if answered(flow):
+        if (found := accepted(flow)) is None:
             return
-        state = state_of(flow)
-        if state is None or state.parsed is None or state.caller is None:
-            return
-        gate, parsed, caller = self.gate, state.parsed, state.caller
+        state, parsed, caller = found
+        gate = self.gate
         prompt: Prompt = state.extra["prompt"]
         ticket = Ticket(
             request_id=state.request_id,

@@ -65,6 +65,17 @@ def answered(flow: http.HTTPFlow) -> bool:
     return flow.response is not None or flow.error is not None or not flow.live
 
 
+def accepted(flow: http.HTTPFlow) -> tuple[FlowState, ParsedRequest, Caller] | None:
+    """A live flow that intake parsed and authenticated, with its request and caller; None when a
+    later request-phase child has nothing to do (answered already, or not a completion request)."""
+    if answered(flow):
+        return None
+    state = state_of(flow)
+    if state is None or state.parsed is None or state.caller is None:
+        return None
+    return state, state.parsed, state.caller
+
+
 A = TypeVar("A")
 
 

@@ -32,7 +32,7 @@ from redis.exceptions import RedisError
 from agent import index_store
 from agent.registry import WorkerRecord
 from plugin.config import RoutingSection
-from plugin.context import answered, fail_closed, state_of
+from plugin.context import accepted, fail_closed
 from plugin.errors import GatewayError
 from plugin.tasks import cancel_and_wait, spawn
 from policy.config import RoutingConfig
@@ -300,12 +300,10 @@ class Dispatch:
 
     @fail_closed
     async def request(self, flow: http.HTTPFlow) -> None:
-        if answered(flow):
+        if (found := accepted(flow)) is None:
             return
-        state = state_of(flow)
-        if state is None or state.parsed is None or state.caller is None:
-            return
-        gate, parsed, caller = self.gate, state.parsed, state.caller
+        state, parsed, caller = found
+        gate = self.gate
         route = gate.router.route(
             request_id=state.request_id, model=parsed.model, prompt=state.extra["prompt"],
             max_tokens=parsed.max_tokens, band=caller.band, tenant=caller.tenant,
