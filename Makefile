@@ -1,20 +1,21 @@
-# Every target builds .venv first: a fresh machine needs only Python >= 3.11.
+# Every target builds .venv first: a fresh machine needs only Python >= 3.12.
 SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
-# Newest Python >= 3.12 on PATH or under pyenv, else 3.11 (mitmproxy 12 needs 3.12; 11.0.2 runs on 3.11).
+# Newest Python >= 3.12 on PATH or under pyenv (mitmproxy 12 needs 3.12).
 PYTHON ?= $(shell for v in 3.14 3.13 3.12; do \
 	  p=$$(command -v python$$v 2>/dev/null) && $$p -c '' 2>/dev/null && { echo $$p; exit; }; \
 	  for d in $$HOME/.pyenv/versions/$$v*/bin/python$$v; do [ -x $$d ] && { echo $$d; exit; }; done; \
-	done; command -v python3.11 || command -v python3)
+	done; command -v python3)
 
-.PHONY: venv test lint typecheck unit demo bench clean
+.PHONY: venv test lint typecheck demo clean
 
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
-	@$(PYTHON) -c 'import sys; v=sys.version_info; sys.exit(0 if v>=(3,11) else 1)' || { echo "kvgate needs Python >= 3.11"; exit 1; }
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info>=(3,12) else 1)' || echo "warning: Python < 3.12 found, installing mitmproxy 11 (prefer 3.12+)"
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info>=(3,12) else 1)' || { \
+	  echo "kvgate needs Python >= 3.12 (mitmproxy 12); found $$($(PYTHON) -V 2>&1). Set PYTHON=/path/to/python3.12"; \
+	  exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
 	$(BIN)/pip install -q -e '.[dev]' 2>&1 | grep -vE 'is ignored|BuildBackendWarning|_filter_existing' ; test $${PIPESTATUS[0]} -eq 0
