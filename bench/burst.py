@@ -43,6 +43,7 @@ import redis.asyncio as aioredis
 from bench.live_scenarios import filler_text
 from bench.loadgen import LiveRequest, LiveResult, percentile, run_open_loop
 from bench.stack import Stack
+from plugin.decision_log import read_recent
 from plugin.scripts import GRANTED_CHANNEL
 from plugin.slots import AdmissionRejected, Lease, SlotPool, Ticket, live_leases, set_quota
 from plugin.tasks import spawn
@@ -74,6 +75,7 @@ class BurstConfig:
     probes: int = 30
     lease_ms: int = 4_000
     aging_ms: int = 5_000  # the admission default; 0 = strict priority
+    high_reserve: int = 2  # seats low may never take (quota reserve:2): a high burst finds them free
     seed: int = 1
 
     @property
@@ -81,11 +83,12 @@ class BurstConfig:
         return self.workers * self.per_worker
 
 
-def band_quota(total: int, aging_ms: int = 5_000) -> Quota:
-    """High may take every seat; low never more than half, so half stay reserved for high."""
+def band_quota(total: int, aging_ms: int = 5_000, reserve: int = 0) -> Quota:
+    """High may take every seat; low never more than half (high's nominal), and never the last
+    `reserve` free seats, so a high burst beyond its nominal still finds seats without waiting."""
     low = total // 2
     return Quota(total=total, band={Band.HIGH: total - low, Band.LOW: low}, borrow={Band.HIGH: low},
-                 aging_ms=aging_ms, count_seats=False)  # fmt: skip
+                 reserve={Band.HIGH: reserve}, aging_ms=aging_ms, count_seats=False)  # fmt: skip
 
 
 def gateway_toml(cfg: BurstConfig) -> str:
@@ -256,10 +259,20 @@ async def leases_after(stack: Stack, cfg: BurstConfig) -> int:
         await redis.aclose()
 
 
+async def queued_s(stack: Stack, request_ids: set[str]) -> list[float]:
+    """Admission wait (s) of `request_ids`, from the gateways' decision stream (kvg:decisions)."""
+    redis = aioredis.Redis.from_url(stack.redis_url)
+    try:
+        records = await read_recent(redis, count=100_000)
+    finally:
+        await redis.aclose()
+    return [float(r["queued_ms"]) / 1000 for r in records if r.get("request_id") in request_ids]
+
+
 async def set_band_quota(stack: Stack, cfg: BurstConfig) -> None:
     redis = aioredis.Redis.from_url(stack.redis_url)
     try:
-        await set_quota(redis, MODEL, band_quota(cfg.quota, cfg.aging_ms))
+        await set_quota(redis, MODEL, band_quota(cfg.quota, cfg.aging_ms, cfg.high_reserve))
     finally:
         await redis.aclose()
 
@@ -291,6 +304,12 @@ async def run(stack: Stack, cfg: BurstConfig) -> dict[str, Any]:
     peak_sampled = await sampler
     held_after = await leases_after(stack, cfg)
     high_wait = admission_wait(stack.gateway_urls, "high")
+    high_burst_ids = {
+        str(q.headers["x-request-id"])
+        for q in load
+        if q.send_at_s >= cfg.warm_s and q.headers[PRIORITY] == "high"
+    }
+    high_queued = await queued_s(stack, high_burst_ids)
     wakes, gate_wakes = await wake_probes(stack, cfg)
     in_burst = [r for q, r in zip(load, results, strict=True) if q.send_at_s >= cfg.warm_s]
     high_burst = [
@@ -311,6 +330,8 @@ async def run(stack: Stack, cfg: BurstConfig) -> dict[str, Any]:
         "wake_grant_p99": percentile(gate_wakes, 99),
         "high_admission_wait_mean": high_wait[0],
         "high_admission_wait_p99_le": high_wait[1],
+        "high_burst_queued_p99": percentile(high_queued, 99),
+        "high_burst_queued_max": max(high_queued, default=float("nan")),
         "load_average_1m": os.getloadavg()[0],
         "quota": cfg.quota,
         "peak_running_sampled": peak_sampled,
@@ -356,6 +377,8 @@ def print_table(report: dict[str, Any]) -> None:
         ("wake-up p50 / p99", f"{ms('wake_p50')} / {ms('wake_p99')}", "goal p99 <= 50 ms (to worker)"),
         ("  grant message p50/p99", f"{ms('wake_grant_p50')} / {ms('wake_grant_p99')}", "release -> pub/sub"),
         ("high admission wait mean", ms("high_admission_wait_mean"), f"p99 <= {wait_le} s (all phases)"),
+        ("high queued p99 / max burst", f"{ms('high_burst_queued_p99')} / {ms('high_burst_queued_max')}",
+         f"decision stream; reserve {report['config']['high_reserve']}"),
         ("load average (1 min)", f"{report['load_average_1m']:.1f}", "2 cores"),
         ("capacity", f"{report['capacity_rps']:.1f} req/s", "quota / unloaded service time"),
         ("requests: all / burst / high", f"{report['requests']} / {report['burst_requests']} / "

@@ -10,6 +10,9 @@ Modelled on Kubernetes API Priority and Fairness, for LLM requests that cannot b
   `band[b]`; per tenant `tenant` (default) or `tenants[t]`. A band over its nominal may **borrow**
   up to `borrow[b]` seats, only while it and every lower band together stay within their combined
   nominal seats (it borrows what lower bands leave unused; the loan is returned as its requests end).
+  A band may **reserve** `reserve[b]` seats of the total: a request of a lower band is admitted only
+  if it leaves that many seats free, so a burst of band b (or above) finds seats at once instead of
+  waiting for a completion while lower bands hold everything.
 - **Queues**, one per band, ordered by a **fair tag** (self-clocked fair queuing by tenant):
   `tag = max(vtime[b], last_tag[b][tenant]) + seats`, where `vtime[b]` is the tag of the band's
   last grant; a tenant's flood gets ever larger tags, so other tenants interleave with it.
@@ -90,6 +93,7 @@ class Quota:
     total: int | None = None
     band: Mapping[Band, int] = field(default_factory=dict)  # nominal seats per band
     borrow: Mapping[Band, int] = field(default_factory=dict)  # seats a band may borrow beyond nominal
+    reserve: Mapping[Band, int] = field(default_factory=dict)  # free seats lower bands must leave it
     tenant: int | None = None  # default per-tenant cap (all bands of the model together)
     tenants: Mapping[str, int] = field(default_factory=dict)  # per-tenant overrides
     queue_max: int = DEFAULT_QUEUE_MAX  # waiters per band queue
@@ -107,6 +111,7 @@ class Quota:
             out["seats"] = "0"
         out.update({f"band:{int(b)}": str(v) for b, v in self.band.items()})
         out.update({f"borrow:{int(b)}": str(v) for b, v in self.borrow.items()})
+        out.update({f"reserve:{int(b)}": str(v) for b, v in self.reserve.items()})
         out.update({f"queue_max:{int(b)}": str(v) for b, v in self.queue_max_band.items()})
         out.update({f"tenant:{t}": str(v) for t, v in self.tenants.items()})
         return out
@@ -123,6 +128,7 @@ class Quota:
             total=num("total"),
             band=per_band("band"),
             borrow=per_band("borrow"),
+            reserve=per_band("reserve"),
             tenant=num("tenant"),
             tenants={
                 k.removeprefix("tenant:"): int(float(v)) for k, v in flat.items() if k.startswith("tenant:")
@@ -174,6 +180,8 @@ def clamp_seats(seats: int, quota: Quota, band: Band, tenant: str) -> int:
     limits = [quota.total, quota.tenant_cap(tenant)]
     if band in quota.band:
         limits.append(quota.band[band] + quota.borrow.get(band, 0))
+    if quota.total is not None and (reserve := reserved_above(quota, band)) > 0:
+        limits.append(quota.total - reserve)
     for limit in limits:
         if limit is not None and 1 <= limit < cap:
             cap = limit
@@ -185,8 +193,17 @@ def tenant_ok(quota: Quota, usage: Usage, tenant: str, seats: int) -> bool:
     return cap is None or usage.tenant.get(tenant, 0) + seats <= cap
 
 
+def reserved_above(quota: Quota, band: Band) -> int:
+    """Seats of the total a request of `band` must leave free: the largest reserve of a higher band."""
+    return max((v for b, v in quota.reserve.items() if b > band), default=0)
+
+
 def band_ok(quota: Quota, usage: Usage, band: Band, seats: int) -> bool:
-    """Within its nominal seats, or borrowing (up to borrow[band]) seats lower bands leave unused."""
+    """Leaves the seats higher bands reserve free, and is within its nominal seats, or borrowing (up to
+    borrow[band]) seats lower bands leave unused."""
+    reserve = reserved_above(quota, band)
+    if quota.total is not None and reserve > 0 and usage.total + seats + reserve > quota.total:
+        return False
     nominal = quota.band.get(band)
     if nominal is None:
         return True

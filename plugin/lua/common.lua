@@ -69,6 +69,13 @@ local function worker_full(worker)
   return cap > 0 and used('wreq:' .. worker) >= cap
 end
 
+-- seats of the total a request of band b must leave free: the largest reserve of a higher band
+local function reserved_above(b)
+  local r = 0
+  for h = b + 1, 2 do r = math.max(r, Q['reserve:' .. h] or 0) end
+  return r
+end
+
 -- a request's seats: at least 1, at most the smallest limit that applies, so it can always run eventually
 local function clamp_seats(s, b, t)
   if Q['seats'] == 0 then return 1 end
@@ -77,6 +84,8 @@ local function clamp_seats(s, b, t)
   lower(Q['total'])
   lower(tenant_cap(t))
   if Q['band:' .. b] ~= nil then lower(Q['band:' .. b] + (Q['borrow:' .. b] or 0)) end
+  local reserve = reserved_above(b)
+  if Q['total'] ~= nil and reserve > 0 then lower(Q['total'] - reserve) end
   return math.floor(cap)
 end
 
@@ -85,8 +94,11 @@ local function tenant_ok(t, s)
   return cap == nil or used('tenant:' .. t) + s <= cap
 end
 
--- within its nominal seats, or borrowing (up to borrow:<b>) seats that lower bands leave unused
+-- leaves the seats higher bands reserve free, and is within its nominal seats, or borrowing (up to
+-- borrow:<b>) seats that lower bands leave unused
 local function band_ok(b, s)
+  local reserve = reserved_above(b)
+  if Q['total'] ~= nil and reserve > 0 and used('total') + s + reserve > Q['total'] then return false end
   local nominal = Q['band:' .. b]
   if nominal == nil then return true end
   local ub = used('band:' .. b)

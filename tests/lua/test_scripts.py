@@ -180,6 +180,14 @@ async def test_models_are_isolated(redis: aioredis.Redis, scripts: AdmissionScri
                      AdmitCode.NO_SEAT, id="nothing unused to borrow"),
         pytest.param(Quota(total=2, count_seats=False), [(N, "t", 5)], (N, "t", 5), AdmitCode.ADMITTED,
                      id="seats off counts requests"),
+        pytest.param(Quota(total=3, reserve={H: 1}), [(L, "t", 1)], (L, "t", 1), AdmitCode.ADMITTED,
+                     id="low leaves the high reserve free"),
+        pytest.param(Quota(total=3, reserve={H: 1}), [(L, "t", 2)], (L, "t", 1), AdmitCode.NO_SEAT,
+                     id="low may not take the high reserve"),
+        pytest.param(Quota(total=3, reserve={H: 1}), [(L, "t", 2)], (H, "t", 1), AdmitCode.ADMITTED,
+                     id="high takes its reserve"),
+        pytest.param(Quota(total=3, reserve={H: 2}), [], (L, "t", 3), AdmitCode.ADMITTED,
+                     id="a low request is clamped to what the reserve leaves"),
     ],
 )  # fmt: skip
 async def test_limits(
@@ -226,6 +234,19 @@ async def test_aging_lets_a_low_waiter_pass_fresh_high_ones(
     await take(scripts, "high", H, now=T0 + 250)
     order = await grant_order(scripts, "run", T0 + 250, 10)
     assert order == ["low", "high"]  # low waited 2.5 aging periods: priority 2, served earlier than high
+
+
+async def test_a_freed_seat_that_is_the_reserve_waits_for_a_high_request(
+    redis: aioredis.Redis, scripts: AdmissionScripts
+) -> None:
+    await quota(redis, Quota(total=2, reserve={H: 1}, aging_ms=0))
+    assert await take(scripts, "low0", L) == AdmitCode.ADMITTED
+    assert await take(scripts, "high0", H) == AdmitCode.ADMITTED
+    assert await take(scripts, "low1", L) == AdmitCode.QUEUED
+    assert (await scripts.release(M, "high0", now_ms=T0 + 1)).granted == ()  # the reserve stays free
+    assert await take(scripts, "high1", H, now=T0 + 2) == AdmitCode.ADMITTED  # at once, past low1
+    assert (await scripts.release(M, "low0", now_ms=T0 + 3)).granted == ()  # high1 + low1 would fill it
+    assert (await scripts.release(M, "high1", now_ms=T0 + 4)).granted == ("low1",)
 
 
 async def test_tenants_take_turns_inside_a_band(redis: aioredis.Redis, scripts: AdmissionScripts) -> None:

@@ -88,6 +88,7 @@ quotas = st.builds(
     total=optional_limit,
     band=st.dictionaries(bands, st.integers(0, 4)),
     borrow=st.dictionaries(bands, st.integers(0, 4)),
+    reserve=st.dictionaries(bands, st.integers(0, 3), max_size=2),
     tenant=optional_limit,
     tenants=st.dictionaries(st.sampled_from(TENANTS), st.integers(0, 5), max_size=2),
     queue_max=st.integers(1, 6),

@@ -80,6 +80,8 @@ def test_seat_count(uncached: int, max_tokens: int, per_seat: int, max_seats: in
         pytest.param(9, Quota(tenant=3), N, 3, id="never above the tenant cap"),
         pytest.param(9, Quota(band={H: 2}, borrow={H: 1}), H, 3, id="band nominal plus borrow"),
         pytest.param(9, Quota(total=0), N, 9, id="a zero limit does not clamp"),
+        pytest.param(9, Quota(total=6, reserve={H: 2}), N, 4, id="never above what a higher reserve leaves"),
+        pytest.param(9, Quota(total=6, reserve={H: 2}), H, 6, id="a band's own reserve does not clamp it"),
         pytest.param(0, Quota(), N, 1, id="at least one"),
         pytest.param(9, Quota(count_seats=False), N, 1, id="seats off"),
     ],
@@ -109,6 +111,29 @@ BORROW = Quota(total=10, band={H: 4, N: 3, L: 3}, borrow={H: 3})
 )
 def test_band_ok_with_borrowing(usage: Usage, band: Band, seats: int, ok: bool) -> None:
     assert band_ok(BORROW, usage, band, seats) is ok
+
+
+RESERVE = Quota(total=10, band={H: 5, L: 5}, borrow={H: 5}, reserve={H: 2, N: 1})
+
+
+@pytest.mark.parametrize(
+    ("usage", "band", "seats", "ok"),
+    [
+        pytest.param(Usage(total=7, band={L: 4, H: 3}), L, 1, True, id="low leaves the high reserve free"),
+        pytest.param(Usage(total=8, band={L: 4, H: 4}), L, 1, False, id="low may not take the high reserve"),
+        pytest.param(Usage(total=8, band={L: 4, H: 4}), H, 2, True, id="high takes its own reserve"),
+        pytest.param(Usage(total=7, band={L: 4, N: 3}), N, 1, True, id="normal leaves the high reserve free"),
+        pytest.param(Usage(total=8, band={L: 4, N: 4}), N, 1, False, id="normal may not take it either"),
+        pytest.param(Usage(total=2, band={L: 2}), L, 3, True, id="reserve is free while the total is not"),
+        pytest.param(Usage(total=0), L, 6, False, id="nominal still applies"),
+    ],
+)
+def test_band_ok_keeps_a_higher_bands_reserve_free(usage: Usage, band: Band, seats: int, ok: bool) -> None:
+    assert band_ok(RESERVE, usage, band, seats) is ok
+
+
+def test_reserve_without_a_total_is_ignored() -> None:
+    assert band_ok(Quota(reserve={H: 5}), Usage(total=100), L, 1)
 
 
 @pytest.mark.parametrize(
@@ -239,6 +264,16 @@ def test_a_big_request_is_not_starved_by_small_ones_behind_it() -> None:
     assert s.release(1, "small2").granted == ("big",)
 
 
+def test_a_high_burst_finds_reserved_seats_while_low_waits() -> None:
+    s = AdmissionState(Quota(total=4, band={H: 2, L: 2}, borrow={H: 2}, reserve={H: 1}))
+    assert [acquire(s, 0, f"h{i}", H) for i in range(2)] == [AdmitCode.ADMITTED] * 2
+    assert acquire(s, 0, "low0", L) == AdmitCode.ADMITTED
+    assert acquire(s, 0, "low1", L) == AdmitCode.QUEUED  # within low's nominal, but the last seat is high's
+    assert acquire(s, 1, "h2", H) == AdmitCode.ADMITTED  # at once, ahead of the waiting low request
+    assert s.release(2, "h0").granted == ()  # the freed seat is the reserve again: low keeps waiting
+    assert s.release(3, "h1").granted == ("low1",)
+
+
 def test_a_tenant_at_its_cap_does_not_block_other_tenants() -> None:
     s = AdmissionState(Quota(total=4, tenant=1))
     acquire(s, 0, "a1", tenant="a")
@@ -275,6 +310,7 @@ ops = st.lists(
         total=st.none() | st.integers(1, 6),
         band=st.dictionaries(st.sampled_from(list(Band)), st.integers(0, 4)),
         borrow=st.dictionaries(st.sampled_from(list(Band)), st.integers(0, 3)),
+        reserve=st.dictionaries(st.sampled_from(list(Band)), st.integers(0, 3)),
         tenant=st.none() | st.integers(1, 4),
     ),
     steps=ops,
