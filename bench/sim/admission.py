@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from bench.sim.cluster import Verdict
+from bench.sim.cluster import NoAdmission, Verdict
 from bench.sim.profiles import EngineProfile, prefill_time_s
 from bench.sim.types import ClusterView, Router, SimRequest
 from policy.admission import (
@@ -68,22 +68,14 @@ def cluster_idle(cluster: ClusterView) -> bool:
     return all(cluster.inflight(w) == 0 for w in cluster.worker_ids)
 
 
-class BaseGate:
-    """Admit everything; no queue. Subclasses override what their rule needs."""
+class BaseGate(NoAdmission):
+    """Admit everything; no queue (cluster.NoAdmission), plus the hooks and bookkeeping every named gate
+    has. Subclasses override what their rule needs."""
 
     name = "base"
 
     def __init__(self) -> None:
         self.dropped: list[int] = []  # ids that left the gate's queue without running
-
-    def admit(self, req: SimRequest, cluster: ClusterView, now_s: float) -> Verdict:
-        return Verdict.ADMIT
-
-    def release(self, cluster: ClusterView, now_s: float) -> Sequence[SimRequest]:
-        return ()
-
-    def queued(self) -> int:
-        return 0
 
     def on_first_token(self, req: SimRequest, worker_id: str, now_s: float) -> None:
         pass
