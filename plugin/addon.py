@@ -58,6 +58,7 @@ from plugin.routing import Dispatch, Route, Router
 from plugin.slots import Lease, SlotPool
 from plugin.static_workers import StaticWorkers
 from plugin.tasks import spawn
+from policy.pressure import PressureTracker
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class KvGate:
         self.decisions = DecisionLog(None)
         self.static: StaticWorkers | None = None
         self.queue_signal: QueueSignalRefresher | None = None  # autoscaling gauges (plugin/autoscale.py)
+        self.pressure = PressureTracker()  # sheds low priority under sustained pressure (fed by queue_signal)
         self.auditor: Auditor | None = None  # drift audit (plugin/audit.py)
         self.draining = False
         self.waiters: dict[str, set[asyncio.Task[Any]]] = {}  # client id -> its queued acquisitions
@@ -195,7 +197,9 @@ class KvGate:
             on_refresh=self._on_refresh,
         )  # fmt: skip
         await self.mirror.start()
-        self.queue_signal = QueueSignalRefresher(self.pool, self.metrics, self.mirror.models)
+        self.queue_signal = QueueSignalRefresher(
+            self.pool, self.metrics, self.mirror.models, pressure=self.pressure
+        )
         await self.queue_signal.start()
         if config.admission.audit_every_ms:
             self.auditor = Auditor(

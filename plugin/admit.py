@@ -5,7 +5,8 @@ the request in the global priority queue that all gateways share. While it waits
 client may leave: `KvGate.client_disconnected` cancels the wait (the pool is cancellation-safe: the
 waiter leaves the queue and a slot granted in the race is released) and the flow is killed, so it
 never reaches a worker. A full queue or an exhausted wait budget answers 429 with `Retry-After`
-and the estimated wait.
+and the estimated wait. Under sustained pressure (policy/pressure.py) a low-priority request is shed
+at the door: 429 `shed` with an `x-kvgate-shed` header, before it takes a seat or a queue place.
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ class Admission:
             max_wait_s=caller.max_wait_s,
         )
         started = now_s()
+        shed_after_s = gate.config.admission.shed_low_after_ms / 1000
+        if gate.pressure.sheds(parsed.model, caller.band, started, shed_after_s):
+            gate.metrics.rejected.inc(parsed.model, "shed")
+            flow.response = shed_response(gate.pressure.pressure_s(parsed.model, started))
+            return
         client = flow.client_conn
         if client.timestamp_end is not None:  # left before we got here
             _kill(flow)
@@ -104,6 +110,18 @@ def raise_as_response(flow: http.HTTPFlow, rejected: AdmissionRejected) -> None:
         retry_after_s=max(rejected.retry_after_s, 1.0),
         extra={"estimated_wait_s": est},
     ).to_response()
+
+
+def shed_response(pressure_s: float) -> http.Response:
+    response = GatewayError(
+        429,
+        "shed",
+        f"low-priority traffic is shed: higher-priority requests have been queued for {pressure_s:.0f} s "
+        "(sustained overload); retry later",
+        retry_after_s=max(pressure_s, 1.0),
+    ).to_response()
+    response.headers["x-kvgate-shed"] = "low-priority"
+    return response
 
 
 def _kill(flow: http.HTTPFlow) -> None:

@@ -9,8 +9,10 @@ per model) and sets two gauges on the gateway's /metrics:
     kvgate_global_queue_length{model,band}      requests of all gateways waiting, per band
     kvgate_expected_queue_wait_seconds{model}   wait of a request arriving now at the back of the queues
 
-The same read notices run-time quota changes (an operator's `HSET kvg:{m}:quota ...` or
-`set_quota()`) and logs them, so every gateway's log says when its limits changed (within ~1 s).
+The same read feeds the sustained-pressure tracker (policy/pressure.py) that sheds low-priority
+requests at the door while the higher bands keep waiting, and notices run-time quota changes (an
+operator's `HSET kvg:{m}:quota ...` or `set_quota()`) and logs them, so every gateway's log says
+when its limits changed (within ~1 s).
 docs/OPERATIONS.md shows the HPA and KEDA objects that scale on the expected wait.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +30,8 @@ from redis.exceptions import RedisError
 from plugin.metrics import GatewayMetrics
 from plugin.slots import SlotPool
 from plugin.tasks import cancel_and_wait, spawn
+from policy.pressure import PressureTracker
+from policy.types import Band
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +78,12 @@ class QueueSignalRefresher:
         models: Callable[[], Iterable[str]],
         *,
         period_s: float = REFRESH_S,
+        pressure: PressureTracker | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool = pool
+        self.pressure = pressure
+        self.clock = clock
         self.metrics = metrics
         self.models = models
         self.period_s = period_s
@@ -97,6 +106,9 @@ class QueueSignalRefresher:
             for band, queued in signal.queued.items():
                 self.metrics.global_queue.set(queued, model, band)
             self.metrics.expected_wait.set(signal.expected_wait_s, model)
+            if self.pressure is not None:
+                by_band = {Band.parse(band): n for band, n in signal.queued.items()}
+                self.pressure.observe(model, by_band, self.clock())
             self._note_quota(model, {str(k): str(v) for k, v in snapshot["quota"].items()})
         return signals
 

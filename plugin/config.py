@@ -104,11 +104,15 @@ class AdmissionSection:
     default_total: int = 0
     audit_every_ms: int = 5_000  # leases vs workers' in-flight ids (plugin/audit.py); 0 = off
     drift_warn: int = 1  # log a warning when the audited drift of a model reaches this
+    # sustained pressure: once the high/normal queues have had waiters this long, new low-priority
+    # requests get 429 `shed` at once (policy/pressure.py); 0 = never shed
+    shed_low_after_ms: int = 5_000
 
     def __post_init__(self) -> None:
         _at_least("admission.max_wait_ms", self.max_wait_ms, 0)
         _at_least("admission.audit_every_ms", self.audit_every_ms, 0)
         _at_least("admission.drift_warn", self.drift_warn, 1)
+        _at_least("admission.shed_low_after_ms", self.shed_low_after_ms, 0)
         _at_least("admission.default_total", self.default_total, 0)
         _at_least("admission.lease_ms", self.lease_ms, 100)
         _at_least("admission.renew_every_ms", self.renew_every_ms, 10)

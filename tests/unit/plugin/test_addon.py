@@ -217,3 +217,43 @@ async def test_disconnect_while_queued_leaves_the_queue(gate: KvGate) -> None:
     nxt = request_flow(headers={"x-kvgate-max-wait-ms": "5000"})
     await run_request(gate, nxt)
     assert nxt.response is None and state_of(nxt).lease is not None  # type: ignore[union-attr]
+
+
+async def test_low_priority_is_shed_under_sustained_pressure(gate: KvGate) -> None:
+    import asyncio
+    import time
+
+    held = [request_flow() for _ in range(2)]
+    for flow in held:
+        await run_request(gate, flow)
+    high = request_flow(headers={"x-kvgate-priority": "high", "authorization": "Bearer k-gold"})
+    high.request.headers["x-kvgate-max-wait-ms"] = "20000"
+    task = asyncio.ensure_future(run_request(gate, high))
+    for _ in range(500):
+        if gate.waiters:
+            break
+        await asyncio.sleep(0.01)
+    assert gate.queue_signal is not None
+    signal = gate.queue_signal
+    signal.clock = lambda: time.monotonic() - 60  # the high band has been waiting for a minute
+    await signal.refresh_once()
+
+    low = request_flow(headers={"authorization": "Bearer k-batch", "x-kvgate-max-wait-ms": "20000"})
+    await run_request(gate, low)
+    assert error_of(low) == (429, "shed")
+    assert low.response is not None and low.response.headers["x-kvgate-shed"] == "low-priority"
+    assert int(low.response.headers["retry-after"]) >= 1
+    normal = request_flow(headers={"x-kvgate-max-wait-ms": "0"})
+    await run_request(gate, normal)
+    assert error_of(normal) == (429, "quota")  # only the low band is shed
+    assert gate.pool.held() == 2 and len(gate.waiters) == 1  # the shed request took nothing
+
+    for flow in held:  # the burst ends: the high waiter runs, its queue empties
+        flow.error = tflow.terr("Client disconnected.")
+        gate.error(flow)
+    await asyncio.wait_for(task, 5)
+    signal.clock = time.monotonic
+    await signal.refresh_once()
+    low = request_flow(headers={"authorization": "Bearer k-batch", "x-kvgate-max-wait-ms": "0"})
+    await run_request(gate, low)
+    assert low.response is None and state_of(low).lease is not None  # type: ignore[union-attr]
