@@ -144,6 +144,8 @@ class RoutingSection:
 
     def __post_init__(self) -> None:
         _one_of("routing.policy", self.policy, ("kvgate", "article", "round_robin", "least_loaded"))
+        _at_least("routing.chunk_chars", self.chunk_chars, 16)
+        _at_least("routing.refresh_ms", self.refresh_ms, 50)
         self.policy_config()  # validate the tuning table now
 
     def policy_config(self) -> RoutingConfig:
@@ -154,8 +156,6 @@ class RoutingSection:
             return load_routing_config(raw, "routing.tuning")
         except PolicyConfigError as e:
             raise ConfigError(e.path, e.value, e.reason) from None
-        _at_least("routing.chunk_chars", self.chunk_chars, 16)
-        _at_least("routing.refresh_ms", self.refresh_ms, 50)
 
 
 @dataclass(frozen=True)

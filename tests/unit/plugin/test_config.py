@@ -47,6 +47,11 @@ def test_tenants_and_models() -> None:
         pytest.param({"limits": {"max_n": True}}, "limits.max_n", id="bool is not an integer"),
         pytest.param({"gateway": {"response_headers": 1}}, "gateway.response_headers", id="int for a bool"),
         pytest.param({"limits": []}, "limits", id="array for a table"),
+        pytest.param({"routing": {"chunk_chars": 4}}, "routing.chunk_chars", id="chunk below 16 chars"),
+        pytest.param({"routing": {"refresh_ms": 0}}, "routing.refresh_ms", id="refresh below 50 ms"),
+        pytest.param(
+            {"admission": {"shed_low_after_ms": -1}}, "admission.shed_low_after_ms", id="negative shed"
+        ),
         pytest.param({"tenants": {"a": {"max_band": "urgent"}}}, "tenants.a.max_band", id="unknown band"),
         pytest.param({"tenants": {"a": {"api_keys": "k"}}}, "tenants.a.api_keys", id="string for an array"),
         pytest.param(
