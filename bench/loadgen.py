@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
+
+from bench.stats import nearest_rank_percentile
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +110,4 @@ def _meter_sse_line(line: bytes, result: LiveResult, sent: float) -> None:
         result.cached_tokens = int(details.get("cached_tokens") or 0)
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); NaN for no values."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
-    return ordered[rank - 1]
+percentile = nearest_rank_percentile  # the live benchmarks report nearest-rank percentiles (bench/stats.py)

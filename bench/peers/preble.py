@@ -4,23 +4,15 @@ Sources (shared/reference/PEERS.md §1.6): Srivatsa et al., "Preble: Efficient D
 Scheduling for LLM Serving", ICLR 2025 (arXiv 2407.00023); `WukLab/preble:
 multi_node/global_scheduler_with_time.py` (commit 0c962c4c), `global_lru_cache.py`.
 
-Global radix tree of routed prompts (H), here over trace blocks weighted in tokens (a token radix
-tree where distinct block ids differ in their first token). Per node: `num_tokens` (its segment),
-`context_length` (tokens from the root through the node). A node is *large* (important) when
-`num_tokens > context_length - num_tokens`; a request's important node is the nearest large ancestor
-of its leaf. Routing of one request (leaf = node where its insert ends):
+This module is the scheduler; the global radix tree of routed prompts (H) and its important nodes are in
+bench/peers/preble_tree.py, the per-GPU load cost in bench/peers/preble_cost.py.
+Routing of one request (leaf = node where its insert ends):
 * exploit if `leaf.num_tokens < leaf.context_length - leaf.num_tokens` (cached part dominates): the
   GPUs allocated to the nearest ancestor with an allocation (all GPUs if none); several -> least cost;
 * else explore: the least-cost GPU (ties: registry order, numpy argmin);
 * the chosen GPU set is added to the allocation of every node on the leaf's path; the important node's
   3-minute window records the request (count, tokens already in the tree = hits, max_tokens).
-cost(g) = Σ over windowed nodes n with g in alloc(n) of
-          miss_rate(n) · count(n) · T_prefill(n.num_tokens, context before n) / |alloc(n)|
-          + ref(n, g) · output_len(n) · median_tpot(g)
-where ref(n, g) = running requests on g whose prompt passes through n (a request counts at every
-windowed node on its path, as upstream), output_len = mean finished output of n's requests, else the
-latest request's max_tokens (= its output_tokens here). A node leaving the window loses its
-allocation. TPOT per GPU: median of the last 200, initially 0.15 s.
+A node leaving the window loses its allocation.
 Rebalancing (when the leaf is < 3 nodes below its important node and >= 50 × #GPUs requests were
 routed; upstream `handle_important_node_stealing`): GPUs sorted by cost over nodes with >= 2 windowed
 requests; for the heaviest against the lightest, if heaviest >= 1.5 × lightest, move large windowed
@@ -46,13 +38,24 @@ exploit traffic follows it there; `make_router_without_rebalancing` shows the di
 from __future__ import annotations
 
 import heapq
-import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from bench.peers.preble_cost import TPOT_HISTORY, TPOT_INIT_S, GpuCosts
+from bench.peers.preble_tree import Node, PrefixTree, Stats, node_key
 from bench.sim.profiles import load_profile, prefill_time_s
 from bench.sim.types import ClusterView, SimRequest
+
+__all__ = [
+    "TPOT_HISTORY",
+    "TPOT_INIT_S",
+    "PrebleRouter",
+    "gpus_of",
+    "make_router",
+    "make_router_without_rebalancing",
+    "profile_prefill_estimate",
+]
 
 WINDOW_S = 180.0
 REBALANCE_RATIO = 1.5
@@ -60,59 +63,14 @@ REBALANCE_AFTER_PER_GPU = 50
 REBALANCE_MAX_DEPTH = 3
 REBALANCE_MIN_INTERVAL_S = 1.0  # not upstream (which rebalances per request): bounds simulation cost
 REPLICATE_TTFT_RATIO = 2.0
-TPOT_INIT_S = 0.15
-TPOT_HISTORY = 200
 PROFILE = "h100-llama3.1-8b"
-
-
-@dataclass(eq=False, slots=True)
-class _Stats:
-    """Windowed history of one important node (moves with it when a split renames it)."""
-
-    node: _Node
-    count: int = 0
-    hist_tokens: int = 0
-    hit_tokens: int = 0
-    prompt_tokens: int = 0
-    decode_size: int = 0  # max_tokens of the latest request, until outputs are known
-    out_sum: int = 0
-    out_n: int = 0
-    in_window: bool = False
-    c_prefill: dict[str, float] = field(default_factory=dict)  # contributions added to the GPU sums
-    c_min2: bool = False
-    c_decode: dict[str, float] = field(default_factory=dict)
-    ttft: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
-    t_key: tuple[int, int] = (-1, -1)  # (num_tokens, context before) of the cached prefill time
-    t_prefill: float = 0.0
-
-    def out_len(self) -> float:
-        return self.out_sum / self.out_n if self.out_n else float(self.decode_size)
-
-
-@dataclass(eq=False, slots=True)
-class _Node:
-    parent: _Node | None
-    blocks: list[int]
-    num_tokens: int
-    context_length: int
-    children: dict[int, _Node] = field(default_factory=dict)
-    alloc: set[str] = field(default_factory=set)
-    alloc_seq: int = 0  # when `alloc` was last set on this node itself
-    move_seq: int = 0  # when this subtree was last moved whole to `move_gpu` (lazy update_children)
-    move_gpu: str = ""
-    stats: _Stats | None = None
-    windowed: set[_Stats] = field(default_factory=set)  # windowed stats in this subtree, itself included
-    ref: dict[str, int] = field(default_factory=dict)  # gpu -> running requests whose prompt passes here
-
-    def is_large(self) -> bool:
-        return self.num_tokens > self.context_length - self.num_tokens
 
 
 @dataclass(slots=True)
 class _Routed:
     gpu: str
-    stats: _Stats
-    leaf: _Node
+    stats: Stats
+    leaf: Node
     routed_s: float
     first_token_s: float | None = None
 
@@ -135,16 +93,9 @@ class PrebleRouter:
         self.rebalance_after_per_gpu = rebalance_after_per_gpu
         self.rebalance_min_interval_s = rebalance_min_interval_s
         self.rebalance = rebalance
-        self.root = _Node(None, [], 0, 0)
-        self._where: dict[int, _Node] = {}  # block id -> node whose segment holds it
-        self._window: deque[tuple[float, _Stats, int, int]] = deque()
-        self._pref: dict[str, float] = {}
-        self._pref2: dict[str, float] = {}
-        self._dec: dict[str, float] = {}
-        self._gpu_nodes: dict[str, set[_Stats]] = {}
-        self._tpot: dict[str, deque[float]] = {}
-        self._tpot_median: dict[str, float] = {}
-        self._tokens: dict[int, int] = {}  # block id -> tokens
+        self.costs = GpuCosts(prefill_time)
+        self.tree = PrefixTree(on_reshape=self.costs.refresh)
+        self._window: deque[tuple[float, Stats, int, int]] = deque()
         self._routed: dict[int, _Routed] = {}
         self._gpus: list[str] = []
         self.routed_total = 0
@@ -152,122 +103,9 @@ class PrebleRouter:
         self._seq = 0
         self.last_mode = ""
 
-    # ---- tree ----------------------------------------------------------------------------------
-    def _split(self, node: _Node, keep: int) -> _Node:
-        """Split `node` after its first `keep` blocks; the new parent takes them (upstream: split_nodes)."""
-        assert node.parent is not None
-        head = node.blocks[:keep]
-        head_tokens = sum(self._tokens[b] for b in head)
-        parent = _Node(node.parent, head, head_tokens, node.context_length - node.num_tokens + head_tokens)
-        parent.alloc, parent.alloc_seq = set(node.alloc), node.alloc_seq
-        parent.windowed = set(node.windowed)
-        parent.ref = dict(node.ref)  # every request through the node also passes its new parent
-        node.parent.children[head[0]] = parent
-        node.blocks = node.blocks[keep:]
-        node.num_tokens -= head_tokens
-        node.parent = parent
-        parent.children[node.blocks[0]] = node
-        for b in head:
-            self._where[b] = parent
-        stats = node.stats
-        if stats is not None and parent.is_large() and not node.is_large():  # upstream rename_node
-            node.stats, parent.stats, stats.node = None, stats, parent
-            node.windowed.discard(stats)
-        if stats is not None:
-            self._refresh(stats)
-        return parent
-
-    def _insert(self, req: SimRequest) -> _Node:
-        ids, toks = req.block_ids, req.block_tokens
-        for b, t in zip(ids, toks, strict=True):
-            self._tokens.setdefault(b, t)
-        m = 0
-        while m < len(ids) and ids[m] in self._where:
-            m += 1
-        if m == 0:
-            at = self.root
-        else:
-            at = self._where[ids[m - 1]]
-            keep = at.blocks.index(ids[m - 1]) + 1
-            if keep < len(at.blocks):
-                at = self._split(at, keep)
-        if m == len(ids):
-            return at
-        rest = list(ids[m:])
-        n = sum(toks[m:])
-        leaf = _Node(at, rest, n, at.context_length + n)
-        at.children[rest[0]] = leaf
-        for b in rest:
-            self._where[b] = leaf
-        return leaf
-
-    def _materialize_path(self, leaf: _Node) -> list[_Node]:
-        """Top-level node .. leaf, each with its allocation brought up to date with subtree moves above it."""
-        path: list[_Node] = []
-        node: _Node | None = leaf
-        while node is not None and node is not self.root:
-            path.append(node)
-            node = node.parent
-        path.reverse()
-        move_seq, move_gpu = 0, ""
-        for n in path:
-            if n.move_seq > move_seq:
-                move_seq, move_gpu = n.move_seq, n.move_gpu
-            if move_seq > n.alloc_seq:
-                n.alloc, n.alloc_seq = {move_gpu}, move_seq
-        return path
-
-    def _set_windowed(self, s: _Stats, on: bool) -> None:
-        """Enter or leave the window, keeping every ancestor's index of windowed descendants."""
-        if s.in_window == on:
-            return
-        s.in_window = on
-        node: _Node | None = s.node
-        while node is not None and node is not self.root:
-            if on:
-                node.windowed.add(s)
-            else:
-                node.windowed.discard(s)
-            node = node.parent
-
-    # ---- costs -----------------------------------------------------------------------------------
-    def _refresh(self, s: _Stats) -> None:
-        """Replace the node's contribution to the per-GPU cost sums."""
-        for g, v in s.c_prefill.items():
-            self._pref[g] -= v
-            if s.c_min2:
-                self._pref2[g] -= v
-            self._gpu_nodes[g].discard(s)
-        for g, v in s.c_decode.items():
-            self._dec[g] -= v
-        s.c_prefill, s.c_decode, s.c_min2 = {}, {}, False
-        node = s.node
-        if s.in_window and node.alloc and s.prompt_tokens:
-            miss = 1.0 - s.hit_tokens / s.prompt_tokens
-            before = node.context_length - node.num_tokens
-            if s.t_key != (node.num_tokens, before):
-                s.t_key, s.t_prefill = (node.num_tokens, before), self.prefill_time(node.num_tokens, before)
-            v = miss * s.count * s.t_prefill / len(node.alloc)
-            s.c_min2 = s.count >= 2
-            for g in node.alloc:
-                s.c_prefill[g] = v
-                self._pref[g] = self._pref.get(g, 0.0) + v
-                if s.c_min2:
-                    self._pref2[g] = self._pref2.get(g, 0.0) + v
-                self._gpu_nodes.setdefault(g, set()).add(s)
-            out = s.out_len()
-            for g in node.alloc:
-                a = node.ref.get(g, 0)
-                if a:
-                    s.c_decode[g] = a * out
-                    self._dec[g] = self._dec.get(g, 0.0) + a * out
-
-    def _topt(self, gpu: str) -> float:
-        return self._tpot_median.get(gpu, TPOT_INIT_S)
-
     def cost(self, gpu: str, min2: bool = False) -> float:
-        pref = self._pref2 if min2 else self._pref
-        return max(0.0, pref.get(gpu, 0.0)) + self._topt(gpu) * max(0.0, self._dec.get(gpu, 0.0))
+        """E2 load cost of `gpu` (bench/peers/preble_cost.py)."""
+        return self.costs.cost(gpu, min2)
 
     def _expire(self, now_s: float) -> None:
         while self._window and self._window[0][0] < now_s - WINDOW_S:
@@ -277,19 +115,10 @@ class PrebleRouter:
             s.hit_tokens -= hit
             s.prompt_tokens -= ctx
             if s.hist_tokens <= 0:
-                self._set_windowed(s, False)
+                self.tree.set_windowed(s, False)
                 self._seq += 1
                 s.node.alloc, s.node.alloc_seq = set(), self._seq  # upstream: reset outside the window
-            self._refresh(s)
-
-    def _important(self, node: _Node) -> tuple[_Stats, int]:
-        """The nearest large ancestor's stats (top-level nodes are always large) and its distance."""
-        imp, hops = node, 0
-        while imp.parent is not None and imp.parent is not self.root and not imp.is_large():
-            imp, hops = imp.parent, hops + 1
-        if imp.stats is None:
-            imp.stats = _Stats(imp)
-        return imp.stats, hops
+            self.costs.refresh(s)
 
     # ---- routing ---------------------------------------------------------------------------------
     def route(self, req: SimRequest, cluster: ClusterView, now_s: float) -> str:
@@ -298,9 +127,9 @@ class PrebleRouter:
         if not req.block_ids:  # nothing to place in the tree: explore without accounting
             self.last_mode = "explore"
             return min(self._gpus, key=self.cost)
-        leaf = self._insert(req)
-        stats, hops = self._important(leaf)
-        path = self._materialize_path(leaf)
+        leaf = self.tree.insert(req)
+        stats, hops = self.tree.important(leaf)
+        path = self.tree.materialize_path(leaf)
         if leaf.num_tokens < leaf.context_length - leaf.num_tokens:
             self.last_mode = "exploit"
             anc = next((n for n in reversed(path) if n.alloc), None)
@@ -320,14 +149,14 @@ class PrebleRouter:
         stats.hit_tokens += hit
         stats.prompt_tokens += leaf.context_length
         stats.decode_size = req.output_tokens
-        self._set_windowed(stats, True)
+        self.tree.set_windowed(stats, True)
         for node in path:
             node.ref[gpu] = node.ref.get(gpu, 0) + 1
             if not selected <= node.alloc:
                 self._seq += 1
                 node.alloc, node.alloc_seq = node.alloc | selected, self._seq
             if node.stats is not None and node.stats.in_window:
-                self._refresh(node.stats)
+                self.costs.refresh(node.stats)
         self._routed[req.id] = _Routed(gpu, stats, leaf, now_s)
         self.routed_total += 1
         if (
@@ -350,11 +179,11 @@ class PrebleRouter:
         if r is None:
             return
         s = r.stats
-        node: _Node | None = r.leaf
-        while node is not None and node is not self.root:
+        node: Node | None = r.leaf
+        while node is not None and node is not self.tree.root:
             node.ref[r.gpu] -= 1
             if node.stats is not None and node.stats is not s and node.stats.in_window:
-                self._refresh(node.stats)
+                self.costs.refresh(node.stats)
             node = node.parent
         if r.first_token_s is not None:  # upstream: overload detector data point, TPOT history
             q = s.ttft.setdefault(r.gpu, deque())
@@ -363,16 +192,14 @@ class PrebleRouter:
                 q.popleft()
             if req.output_tokens > 1:
                 tpot = (now_s - r.first_token_s) / (req.output_tokens - 1)
-                hist = self._tpot.setdefault(r.gpu, deque([TPOT_INIT_S], maxlen=TPOT_HISTORY))
-                hist.append(tpot)
-                self._tpot_median[r.gpu] = statistics.median(hist)
+                self.costs.record_tpot(r.gpu, tpot)
         if req.output_tokens != 1:
             s.out_sum += req.output_tokens
             s.out_n += 1
-        self._refresh(s)
+        self.costs.refresh(s)
 
     # ---- rebalancing -----------------------------------------------------------------------------
-    def overloaded(self, s: _Stats, gpu: str, now_s: float) -> bool:
+    def overloaded(self, s: Stats, gpu: str, now_s: float) -> bool:
         """Mean TTFT of the window's 2nd half >= 2 × the 1st half (both halves non-empty)."""
         cut = now_s - WINDOW_S / 2
         first = [v for t, v in s.ttft.get(gpu, ()) if now_s - WINDOW_S <= t < cut]
@@ -387,10 +214,10 @@ class PrebleRouter:
             (heavy, heavy_cost), (light, light_cost) = order[0], order[-1]
             if heavy_cost < REBALANCE_RATIO * light_cost:
                 return
-            topt = self._topt(heavy)
+            topt = self.costs.tpot(heavy)
             cands = [
-                (s.c_prefill.get(heavy, 0.0) + s.c_decode.get(heavy, 0.0) * topt, _node_key(s.node), s)
-                for s in self._gpu_nodes.get(heavy, ())
+                (s.c_prefill.get(heavy, 0.0) + s.c_decode.get(heavy, 0.0) * topt, node_key(s.node), s)
+                for s in self.costs.gpu_nodes.get(heavy, ())
                 if s.node.is_large() and s.count > 1
             ]
             if len(cands) == 1:
@@ -400,7 +227,7 @@ class PrebleRouter:
                     light_cost += cost / 2
                     s.node.alloc.add(light)
                     s.ttft.pop(heavy, None)
-                    self._refresh(s)
+                    self.costs.refresh(s)
             else:
                 heapq.heapify(cands)
                 while cands:
@@ -413,7 +240,7 @@ class PrebleRouter:
             order[0], order[-1] = (heavy, heavy_cost), (light, light_cost)
             order = order[1:]
 
-    def _move_subtree(self, node: _Node, gpu: str) -> None:
+    def _move_subtree(self, node: Node, gpu: str) -> None:
         """Allocate the node and its whole subtree to `gpu` alone (upstream: update_children).
 
         Lazy: the node records the move and descendants pick it up when a route walks their path;
@@ -422,11 +249,11 @@ class PrebleRouter:
         node.move_seq, node.move_gpu = self._seq, gpu
         target = {gpu}
         # includes the node's own stats when windowed; a fixed order keeps float sums reproducible
-        for s in sorted(node.windowed, key=lambda st: _node_key(st.node)):
+        for s in sorted(node.windowed, key=lambda st: node_key(st.node)):
             unchanged = s.node.alloc == target
             s.node.alloc, s.node.alloc_seq = {gpu}, self._seq
             if not unchanged:
-                self._refresh(s)
+                self.costs.refresh(s)
         node.alloc, node.alloc_seq = {gpu}, self._seq
 
 
@@ -454,11 +281,4 @@ def make_router_without_rebalancing(seed: int) -> PrebleRouter:
 
 def gpus_of(router: PrebleRouter, block_ids: Sequence[int]) -> set[str]:
     """The allocation of the node holding the last of `block_ids` (for tests and inspection)."""
-    node = router._where.get(block_ids[-1])
-    return set(node.alloc) if node is not None else set()
-
-
-def _node_key(node: _Node) -> tuple[int, int]:
-    """A stable tie-break for nodes of equal cost: where the node starts in the tree (its first block
-    id names its whole prefix). Object ids would make runs differ from process to process."""
-    return (node.context_length - node.num_tokens, node.blocks[0] if node.blocks else -1)
+    return router.tree.allocation_of(block_ids)

@@ -16,7 +16,6 @@ import argparse
 import cProfile
 import math
 import pstats
-import statistics
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from bench.sim.engine import Engine, EngineEvent, EngineRequest, Finished, First
 from bench.sim.load import scale_to_load
 from bench.sim.profiles import load_profile
 from bench.sim.traces import load_trace
+from bench.stats import percentile
 
 DEFAULT_TRACE = Path("/work/shared/traces/mooncake_fast25/conversation_trace.jsonl")
 
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{'reference' if args.reference else 'fast'} mode): wall {wall_s:.2f} s (CPU {cpu_s:.2f} s); "
         f"virtual {engine._clock:.0f} s, busy {engine.busy_s:.0f} s, {engine.num_steps} steps, "
         f"{finished} finished, {engine.num_preemptions} preemptions, hit rate {hit:.3f}, "
-        f"TTFT p50 {statistics.median(ttft):.3f} s p99 {ttft[int(0.99 * (len(ttft) - 1))]:.3f} s"
+        f"TTFT p50 {percentile(ttft, 50):.3f} s p99 {percentile(ttft, 99):.3f} s"
     )
     if profiler:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(18)

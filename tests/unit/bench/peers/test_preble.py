@@ -139,7 +139,7 @@ def test_without_rebalancing_nothing_moves() -> None:
 def costs_from_scratch(r: PrebleRouter) -> dict[str, float]:
     """The upstream formula evaluated over the whole tree (what the incremental sums must equal)."""
     total = dict.fromkeys(r._gpus, 0.0)
-    stack = [r.root]
+    stack = [r.tree.root]
     while stack:
         n = stack.pop()
         stack.extend(n.children.values())
@@ -152,7 +152,7 @@ def costs_from_scratch(r: PrebleRouter) -> dict[str, float]:
         )
         for g in n.alloc:
             if g in total:
-                total[g] += prefill + n.ref.get(g, 0) * s.out_len() * r._topt(g)
+                total[g] += prefill + n.ref.get(g, 0) * s.out_len() * r.costs.tpot(g)
     return total
 
 
