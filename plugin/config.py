@@ -152,6 +152,8 @@ class RoutingSection:
 
     def __post_init__(self) -> None:
         _one_of("routing.policy", self.policy, ("kvgate", "article", "round_robin", "least_loaded"))
+        _at_least("routing.chunk_chars", self.chunk_chars, 16)
+        _at_least("routing.refresh_ms", self.refresh_ms, 50)
         _one_of("routing.prefix_mode", self.prefix_mode, PREFIX_MODES)
         _at_least("routing.exact_block_size", self.exact_block_size, 0)
         _at_least("routing.tokenize_timeout_ms", self.tokenize_timeout_ms, 1)
@@ -166,8 +168,6 @@ class RoutingSection:
             return load_routing_config(raw, "routing.tuning")
         except PolicyConfigError as e:
             raise ConfigError(e.path, e.value, e.reason) from None
-        _at_least("routing.chunk_chars", self.chunk_chars, 16)
-        _at_least("routing.refresh_ms", self.refresh_ms, 50)
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,7 @@ def test_prefix_mode_per_model_overrides_the_routing_default() -> None:
             {"routing": {"tokenize_timeout_ms": 0}}, "routing.tokenize_timeout_ms", id="zero tokenize timeout"
         ),
         pytest.param({"routing": {"exact_block_size": -16}}, "routing.exact_block_size", id="negative block"),
+        pytest.param({"routing": {"chunk_chars": 8}}, "routing.chunk_chars", id="chunk below 16 characters"),
     ],
 )
 def test_invalid_config_names_the_key(data: dict[str, object], path: str) -> None:
