@@ -33,6 +33,7 @@ CHAT_FIELDS = (
     "tools", "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template",
     "chat_template_kwargs", "documents", "mm_processor_kwargs",
 )  # fmt: skip
+JSON_HEADERS = {"content-type": "application/json"}
 FAILED_WORKER_S = 5.0  # a worker whose /tokenize failed is asked last for this long
 
 
@@ -97,11 +98,11 @@ class Tokenizer:
         request = tokenize_request(body, model)
         if isinstance(request, list):
             return request, "prompt"
-        key = json.dumps(request, separators=(",", ":")) if self.cache is not None else ""
+        key = json.dumps(request, separators=(",", ":"))  # the cache key is also the body sent
         if self.cache is not None and (hit := self.cache.get(key)) is not None:
             return hit, "cache"
         worker = self._pick(workers)
-        tokens = tuple(await self._ask(worker, request))
+        tokens = tuple(await self._ask(worker, key))
         self._failed.pop(worker.id, None)
         if self.cache is not None:
             self.cache[key] = tokens
@@ -116,7 +117,7 @@ class Tokenizer:
         order = [workers[(start + i) % len(workers)] for i in range(len(workers))]
         return min(order, key=lambda w: now - self._failed.get(w.id, -FAILED_WORKER_S) < FAILED_WORKER_S)
 
-    async def _ask(self, worker: WorkerRecord, request: dict[str, object]) -> list[int]:
+    async def _ask(self, worker: WorkerRecord, body: str) -> list[int]:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=self.timeout, connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
@@ -124,7 +125,7 @@ class Tokenizer:
         base = worker.url if "://" in worker.url else f"http://{worker.url}"
         url = base.rstrip("/") + "/tokenize"
         try:
-            async with self._session.post(url, json=request) as resp:
+            async with self._session.post(url, data=body, headers=JSON_HEADERS) as resp:
                 if resp.status != 200:
                     raise TokenizeFailed("error", f"{worker.id} answered {resp.status}")
                 return response_tokens(await resp.json(content_type=None))
