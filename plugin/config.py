@@ -147,6 +147,9 @@ class RoutingSection:
     exact_block_size: int = 0  # tokens per block in exact mode; 0 = the agents' registered router block size
     tokenize_timeout_ms: int = 250  # exact mode: a slower /tokenize answer -> approximate for that request
     tokenize_cache_entries: int = 4096  # exact mode: LRU of request prompt -> token ids (0 = off)
+    # exact mode: insert a routed request's blocks into this gateway's mirror at once (not into Redis),
+    # until the worker's KV events confirm or remove them; false = only what the agents report
+    exact_speculative: bool = True
     # tuning of the kvgate / article policy: policy/config.py RoutingConfig fields (docs/ROUTING.md)
     tuning: dict[str, object] = field(default_factory=dict)
 

@@ -9,8 +9,10 @@ mode), so other gateways learn the placement without this request waiting for it
 
 Exact mode (per model, `prefix_mode = "exact"`): before admission, `exact_prompt` replaces the
 request's text-chunk hashes by token-block hashes of its token ids (plugin/tokenize.py: the worker's
-own /tokenize); the index then holds only what the agents report from KV events (nothing is inserted
-or written at routing), so it follows the workers' real caches, evictions included.
+own /tokenize); the index then holds what the agents report from KV events, so it follows the
+workers' real caches, evictions included. Routing writes nothing to Redis; with `exact_speculative`
+the routed blocks enter this gateway's mirror at once, as the worker is about to cache them (the
+KV events confirm or remove them), so a burst of one prefix does not scatter during its first prefill.
 
 Policies: `kvgate` (policy/kvgate.py), `article` (policy/article.py), and the baselines
 `round_robin` and `least_loaded` (for the demo).
@@ -108,11 +110,18 @@ def parse_upstream(url: str, default_scheme: str = "http") -> Upstream:
 class ModelRouting:
     """One model's routing state and this gateway's load accounting for its workers."""
 
-    def __init__(self, config: RoutingConfig, blocks_per_token: float, *, exact: bool = False) -> None:
-        self.exact = exact  # the index is the agents' (KV events): nothing inserted at routing
+    def __init__(
+        self,
+        config: RoutingConfig,
+        blocks_per_token: float,
+        *,
+        exact: bool = False,
+        speculative: bool = False,
+    ) -> None:
+        self.exact = exact  # the index is the agents' (KV events); nothing is written to Redis
         self.blocks_per_token = blocks_per_token
         index = PrefixIndex(self._capacity_blocks(DEFAULT_CAPACITY_TOKENS))
-        self.state = RoutingState(config, index, insert_on_commit=not exact)
+        self.state = RoutingState(config, index, insert_on_commit=not exact or speculative)
         self.inflight: dict[str, int] = defaultdict(int)
         self.pending_prefill: dict[str, int] = defaultdict(int)
         self.capacity_set: dict[str, int] = {}
@@ -179,7 +188,9 @@ class Router:
         if routing is None:
             if self.is_exact(name):
                 block = self.section.exact_block_size or DEFAULT_BLOCK_SIZE
-                routing = ModelRouting(self.policy_config, 1 / block, exact=True)
+                routing = ModelRouting(
+                    self.policy_config, 1 / block, exact=True, speculative=self.section.exact_speculative
+                )
             else:
                 routing = ModelRouting(self.policy_config, CHARS_PER_TOKEN / self.section.chunk_chars)
             self.models[name] = routing

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+import redis.asyncio as aioredis
 from aiohttp import web
 
 from agent import index_store
@@ -18,7 +19,7 @@ from bench.emulator.tokenizer import render_chat, tokenize
 from plugin.config import RoutingSection
 from plugin.metrics import GatewayMetrics
 from plugin.redis_server import free_port
-from plugin.routing import Router, hash_prompt
+from plugin.routing import Prompt, Router, hash_prompt
 from plugin.tokenize import TokenizeFailed, Tokenizer, response_tokens, tokenize_request
 from policy.prefix import token_block_hashes
 from policy.types import Band
@@ -169,7 +170,7 @@ async def test_a_failed_worker_is_asked_last(emulated: WorkerRecord) -> None:
 async def test_router_routes_exact_prompts_on_the_agents_entries(emulated: WorkerRecord) -> None:
     """Token-block hashes from the worker's ids match what an agent indexes from KV events."""
     metrics = GatewayMetrics()
-    router = Router(RoutingSection(prefix_mode="exact"), metrics=metrics)
+    router = Router(RoutingSection(prefix_mode="exact", exact_speculative=False), metrics=metrics)
     holder = record("w1", emulated.url, router_block_size=16, capacity_tokens=100_000)
     workers = [record("w0", emulated.url, router_block_size=16, capacity_tokens=100_000), holder]
     body = {"model": MODEL, "messages": MESSAGES}
@@ -186,7 +187,6 @@ async def test_router_routes_exact_prompts_on_the_agents_entries(emulated: Worke
                                  band=Band.NORMAL, tenant="t", workers=workers)  # fmt: skip
             assert route is not None and route.worker.id == "w1"
             router.finished(route)
-        assert router.model(MODEL).state.index.size("w0") == 0  # exact: routing inserts nothing
         router.apply_index_ops(MODEL, [index_store.IndexOp("clear", "w1")])
         assert router.best_hit_tokens(MODEL, prompt) == 0
         assert metrics.tokenized.get(MODEL, "worker") == 1
@@ -196,6 +196,24 @@ async def test_router_routes_exact_prompts_on_the_agents_entries(emulated: Worke
         assert metrics.prefix_fallbacks.get(MODEL, "error") == 1
     finally:
         await router.close()
+
+
+@pytest.mark.parametrize(
+    ("speculative", "entries"),
+    [
+        pytest.param(True, 4, id="speculative: routed blocks enter the mirror"),
+        pytest.param(False, 0, id="not"),
+    ],
+)
+async def test_speculative_entries(speculative: bool, entries: int, redis: aioredis.Redis) -> None:
+    router = Router(RoutingSection(prefix_mode="exact", exact_speculative=speculative), redis)
+    hashes, tokens = token_block_hashes(list(range(64)), model=MODEL, block_size=16)
+    prompt = Prompt(hashes, tokens, 64, exact=True)
+    workers = [record("w0", "http://x", capacity_tokens=10_000)]
+    route = router.route(request_id="r", model=MODEL, prompt=prompt, max_tokens=8, band=Band.NORMAL,
+                         tenant="t", workers=workers)  # fmt: skip
+    assert route is not None and router.model(MODEL).state.index.size("w0") == entries
+    assert not router._pending_index  # exact mode never writes the shared index (approximate would)
 
 
 @pytest.mark.parametrize(
