@@ -46,7 +46,7 @@ from plugin.tokenize import TokenizeFailed, Tokenizer
 from policy.config import RoutingConfig
 from policy.index import PrefixIndex
 from policy.kvgate import build_policy
-from policy.prefix import canonical_text, text_block_hashes, token_block_hashes
+from policy.prefix import canonical_text, text_block_hashes
 from policy.state import RoutingState
 from policy.types import Band, Decision, RequestView, WorkerView
 
@@ -208,7 +208,9 @@ class Router:
         no token ids could be had; the fallback is counted in kvgate_prefix_fallbacks_total."""
         started = time.monotonic()
         try:
-            ids, source = await self.tokenizer.token_ids(body, model, workers)
+            blocks, source = await self.tokenizer.blocks(
+                body, model, workers, self.block_size(model, workers)
+            )
         except TokenizeFailed as e:
             logger.debug("exact prefix of a %s request: %s; approximate instead", model, e)
             if self.metrics is not None:
@@ -218,9 +220,7 @@ class Router:
             self.metrics.tokenized.inc(model, source)
             if source == "worker":
                 self.metrics.tokenize_seconds.observe(time.monotonic() - started, model)
-        block = self.block_size(model, workers)
-        hashes, tokens = token_block_hashes(ids, model=model, block_size=block)
-        return Prompt(hashes, tokens, max(1, len(ids)), exact=True)
+        return Prompt(blocks.hashes, blocks.block_tokens, blocks.prompt_tokens, exact=True)
 
     def block_size(self, model: str, workers: Sequence[WorkerRecord]) -> int:
         """Exact-mode block size: the config's, else the one most of the agents registered, else 16."""

@@ -13,7 +13,8 @@ keeps one kept-alive aiohttp session). A call that fails or takes longer than th
 `TokenizeFailed` with a short reason; the caller then routes that request in approximate mode and
 counts the fallback. Completions that already carry token ids need no call.
 
-`tokenize_request` and `response_tokens` are pure; `Tokenizer` is the I/O around them.
+`tokenize_request` and `response_tokens` are pure; `Tokenizer` is the I/O around them and hashes the
+ids into blocks (`policy.prefix.token_block_hashes`, as the agents do).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import itertools
 import json
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import aiohttp
 from cachetools import LRUCache
 
 from agent.registry import WorkerRecord
+from policy.prefix import token_block_hashes
 
 # Chat fields that change how vLLM renders the prompt (TokenizeChatRequest, ChatCompletionRequest).
 CHAT_FIELDS = (
@@ -73,12 +76,23 @@ def response_tokens(data: object) -> list[int]:
     return tokens
 
 
+@dataclass(frozen=True, slots=True)
+class TokenBlocks:
+    """A prompt's token-block hashes (policy.prefix.token_block_hashes) and its token count."""
+
+    hashes: tuple[int, ...]
+    block_tokens: tuple[int, ...]
+    prompt_tokens: int
+
+
 class Tokenizer:
-    """Token ids from the pool's workers, with an LRU of recent prompts; one kept-alive session."""
+    """Token-block hashes of prompts from the pool's workers' token ids, with an LRU of recent prompts
+    (their hashes, so a repeated prompt costs neither a call nor decoding and hashing); one kept-alive
+    session."""
 
     def __init__(self, *, timeout_s: float, cache_entries: int) -> None:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.cache: LRUCache[str, tuple[int, ...]] | None = (
+        self.cache: LRUCache[tuple[str, int], TokenBlocks] | None = (
             LRUCache(maxsize=cache_entries) if cache_entries > 0 else None
         )
         self._session: aiohttp.ClientSession | None = None
@@ -90,23 +104,23 @@ class Tokenizer:
             await self._session.close()
             self._session = None
 
-    async def token_ids(
-        self, body: Mapping[str, object], model: str, workers: Sequence[WorkerRecord]
-    ) -> tuple[Sequence[int], str]:
-        """(token ids, source) with source "prompt" (ids in the request), "cache" or "worker".
+    async def blocks(
+        self, body: Mapping[str, object], model: str, workers: Sequence[WorkerRecord], block_size: int
+    ) -> tuple[TokenBlocks, str]:
+        """(blocks, source) with source "prompt" (ids in the request), "cache" or "worker".
         Raises TokenizeFailed."""
         request = tokenize_request(body, model)
         if isinstance(request, list):
-            return request, "prompt"
+            return _hashed(request, model, block_size), "prompt"
         key = json.dumps(request, separators=(",", ":"))  # the cache key is also the body sent
-        if self.cache is not None and (hit := self.cache.get(key)) is not None:
+        if self.cache is not None and (hit := self.cache.get((key, block_size))) is not None:
             return hit, "cache"
         worker = self._pick(workers)
-        tokens = tuple(await self._ask(worker, key))
+        found = _hashed(await self._ask(worker, key), model, block_size)
         self._failed.pop(worker.id, None)
         if self.cache is not None:
-            self.cache[key] = tokens
-        return tokens, "worker"
+            self.cache[(key, block_size)] = found
+        return found, "worker"
 
     def _pick(self, workers: Sequence[WorkerRecord]) -> WorkerRecord:
         """Round robin over the routable workers, those that failed recently last."""
@@ -138,3 +152,11 @@ class Tokenizer:
         except TokenizeFailed:
             self._failed[worker.id] = time.monotonic()
             raise
+
+
+def _hashed(ids: Sequence[int], model: str, block_size: int) -> TokenBlocks:
+    try:
+        hashes, tokens = token_block_hashes(ids, model=model, block_size=block_size)
+    except OverflowError:  # a negative or > 32-bit id
+        raise TokenizeFailed("bad_response", "token id out of range") from None
+    return TokenBlocks(hashes, tokens, max(1, len(ids)))

@@ -119,16 +119,21 @@ async def stub() -> AsyncIterator[tuple[WorkerRecord, asyncio.Event]]:
         await runner.cleanup()
 
 
-async def test_chat_ids_are_the_workers_own_then_cached(emulated: WorkerRecord) -> None:
+async def test_chat_blocks_are_the_workers_own_then_cached(emulated: WorkerRecord) -> None:
     tokenizer = Tokenizer(timeout_s=5, cache_entries=8)
     try:
         body = {"model": MODEL, "messages": MESSAGES}
-        ids, source = await tokenizer.token_ids(body, MODEL, [emulated])
-        assert (list(ids), source) == (tokenize(render_chat(MESSAGES)), "worker")
-        again, source = await tokenizer.token_ids(body, MODEL, [emulated])
-        assert (again, source) == (ids, "cache")
-        ids, source = await tokenizer.token_ids({"prompt": [3, 4]}, MODEL, [emulated])
-        assert (list(ids), source) == ([3, 4], "prompt")
+        ids = tokenize(render_chat(MESSAGES))
+        found, source = await tokenizer.blocks(body, MODEL, [emulated], 16)
+        assert source == "worker" and found.prompt_tokens == len(ids)
+        assert found.hashes == token_block_hashes(ids, model=MODEL, block_size=16)[0]
+        assert await tokenizer.blocks(body, MODEL, [emulated], 16) == (found, "cache")
+        other_size, source = await tokenizer.blocks(body, MODEL, [emulated], 32)
+        assert source == "worker" and len(other_size.hashes) == len(ids) // 32
+        found, source = await tokenizer.blocks({"prompt": [3, 4] * 8}, MODEL, [emulated], 16)
+        assert (len(found.hashes), found.prompt_tokens, source) == (1, 16, "prompt")
+        with pytest.raises(TokenizeFailed, match="out of range"):
+            await tokenizer.blocks({"prompt": [-1]}, MODEL, [emulated], 16)
     finally:
         await tokenizer.close()
 
@@ -141,11 +146,11 @@ async def test_failures_name_their_reason(stub: tuple[WorkerRecord, asyncio.Even
     try:
         for workers, reason in [([], "no_worker"), ([dead], "error"), ([worker], "error")]:
             with pytest.raises(TokenizeFailed) as info:
-                await tokenizer.token_ids(body, MODEL, workers)
+                await tokenizer.blocks(body, MODEL, workers, 16)
             assert info.value.reason == reason
         ready.set()  # the stub now never answers
         with pytest.raises(TokenizeFailed) as info:
-            await tokenizer.token_ids(body, MODEL, [worker])
+            await tokenizer.blocks(body, MODEL, [worker], 16)
         assert info.value.reason == "timeout"
     finally:
         await tokenizer.close()
@@ -158,7 +163,7 @@ async def test_a_failed_worker_is_asked_last(emulated: WorkerRecord) -> None:
         outcomes = []
         for i in range(4):
             try:
-                await tokenizer.token_ids({"prompt": f"p{i}"}, MODEL, [dead, emulated])
+                await tokenizer.blocks({"prompt": f"p{i}"}, MODEL, [dead, emulated], 16)
                 outcomes.append("ok")
             except TokenizeFailed as e:
                 outcomes.append(e.reason)
