@@ -65,7 +65,9 @@ def gateway_metrics(gateway: str) -> dict[str, float]:
     return out
 
 
-def run(stack: Stack, mode: str, scenario: TenantPromptsScenario, work_dir: Path) -> tuple[RunSummary, dict]:
+def run(
+    stack: Stack, mode: str, scenario: TenantPromptsScenario, work_dir: Path
+) -> tuple[RunSummary, dict[str, float]]:
     config = work_dir / f"gateway-{mode}.toml"
     config.write_text(f'[routing]\nprefix_mode = "{mode}"\n\n[models."{scenario.model}"]\n')
     gateway = stack.start_gateway(mode, config=config)
@@ -73,10 +75,15 @@ def run(stack: Stack, mode: str, scenario: TenantPromptsScenario, work_dir: Path
     reset_caches(stack.worker_urls)
     hits0, queries0 = prefix_cache_counters(stack.worker_urls)
     started = time.perf_counter()
-    results = asyncio.run(run_open_loop(gateway, scenario.build()))
+    requests = scenario.build()
+    results = asyncio.run(run_open_loop(gateway, requests))
     wall_s = time.perf_counter() - started
     hits1, queries1 = prefix_cache_counters(stack.worker_urls)
     extra = gateway_metrics(gateway)
+    # spread: distinct (system prompt, worker) pairs the requests used (12 = each tenant on one worker)
+    extra["placements"] = len(
+        {(json.dumps(q.body["messages"][0]), r.worker) for q, r in zip(requests, results, strict=True)}  # type: ignore[index]
+    )
     stack.stop_process(f"gateway-{mode}")
     return summarize(mode, results, wall_s, hits1 - hits0, queries1 - queries0), extra
 
