@@ -141,7 +141,7 @@ async def test_chat_blocks_are_the_workers_own_then_cached(emulated: WorkerRecor
 async def test_failures_name_their_reason(stub: tuple[WorkerRecord, asyncio.Event]) -> None:
     worker, ready = stub
     dead = record("dead", f"http://127.0.0.1:{free_port()}")
-    tokenizer = Tokenizer(timeout_s=0.2, cache_entries=0)
+    tokenizer = Tokenizer(timeout_s=1.0, cache_entries=0)
     body = {"model": MODEL, "prompt": "text"}
     try:
         for workers, reason in [([], "no_worker"), ([dead], "error"), ([worker], "error")]:
