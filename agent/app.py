@@ -114,6 +114,7 @@ class WorkerAgent:
             capacity_tokens=load.capacity_tokens,
             block_size=load.block_size,
             num_gpu_blocks=load.num_gpu_blocks,
+            router_block_size=self.config.router_block_size if self.config.kv_events else 0,
             running=load.running,
             waiting=load.waiting,
             kv_usage=load.kv_usage,

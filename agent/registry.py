@@ -110,6 +110,7 @@ class WorkerRecord:
     capacity_tokens: int = 0  # KV cache size in tokens (num_gpu_blocks * block_size); 0 = unknown
     block_size: int = 0
     num_gpu_blocks: int = 0
+    router_block_size: int = 0  # exact mode: tokens per block of the agent's index entries; 0 = no KV events
     running: int = 0
     waiting: int = 0
     kv_usage: float = 0.0  # 0..1
@@ -123,7 +124,10 @@ class WorkerRecord:
     extra: dict[str, str] = field(default_factory=dict)  # fields this version does not know
 
 
-_INT_FIELDS = ("max_concurrency", "capacity_tokens", "block_size", "num_gpu_blocks", "running", "waiting")
+_INT_FIELDS = (
+    "max_concurrency", "capacity_tokens", "block_size", "num_gpu_blocks", "router_block_size", "running",
+    "waiting",
+)  # fmt: skip
 _INT_FIELDS_MS = ("joined_ms", "updated_ms", "epoch")
 _KNOWN = {
     "url",
@@ -166,6 +170,7 @@ def record_fields(record: WorkerRecord, now_ms: int) -> dict[str, str | int | fl
         "capacity_tokens": record.capacity_tokens,
         "block_size": record.block_size,
         "num_gpu_blocks": record.num_gpu_blocks,
+        "router_block_size": record.router_block_size,
         "joined_ms": int(now_ms),
         "draining": int(record.draining),
     }
@@ -213,6 +218,7 @@ def parse_record(
         capacity_tokens=num("capacity_tokens"),
         block_size=num("block_size"),
         num_gpu_blocks=num("num_gpu_blocks"),
+        router_block_size=num("router_block_size"),
         running=num("running"),
         waiting=num("waiting"),
         kv_usage=kv_usage,

@@ -177,7 +177,9 @@ class KvGate:
             renew_every_ms=config.admission.renew_every_ms,
         )  # fmt: skip
         await self.pool.start()
-        self.router = Router(config.routing, self.redis)
+        self.router = Router(
+            config.routing, self.redis, prefix_modes=config.prefix_modes(), metrics=self.metrics
+        )
         await self.router.start()
         self.decisions = DecisionLog(
             self.redis if config.decision_log.redis_stream else None,

@@ -21,6 +21,8 @@ from policy.config import POLICIES, RoutingConfig, load_routing_config
 from policy.config import ConfigError as PolicyConfigError
 from policy.types import Band
 
+PREFIX_MODES = ("approximate", "exact")
+
 
 class ConfigError(ValueError):
     """A config value is invalid; the message starts with the key path (`limits.max_messages: ...`)."""
@@ -126,10 +128,13 @@ class ModelSection:
     tenant: int = 0  # cap per tenant; 0 = none
     queue_max: int = 0  # waiters per band queue; 0 = the admission default
     count_seats: bool = False  # true: a request costs seats by its size (policy/admission.py seat_count)
+    prefix_mode: str = ""  # approximate | exact; "" = routing.prefix_mode
 
     def check(self, path: str) -> None:
         for name in ("total", "tenant", "queue_max"):
             _at_least(f"{path}.{name}", getattr(self, name), 0)
+        if self.prefix_mode:
+            _one_of(f"{path}.prefix_mode", self.prefix_mode, PREFIX_MODES)
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,16 @@ class RoutingSection:
     refresh_ms: int = 500  # worker registry mirror refresh period
     write_index: bool = True  # approximate mode: write index entries to Redis after routing
     seed: int = 0
+    # prefix index of models without their own [models."<m>"].prefix_mode: approximate (text chunks,
+    # written by gateways) | exact (token blocks from the workers' /tokenize, written by agents from
+    # KV events); docs/ROUTING.md "Exact mode"
+    prefix_mode: str = "approximate"
+    exact_block_size: int = 0  # tokens per block in exact mode; 0 = the agents' registered router block size
+    tokenize_timeout_ms: int = 250  # exact mode: a slower /tokenize answer -> approximate for that request
+    tokenize_cache_entries: int = 4096  # exact mode: LRU of request prompt -> token ids (0 = off)
+    # exact mode: insert a routed request's blocks into this gateway's mirror at once (not into Redis),
+    # until the worker's KV events confirm or remove them; false = only what the agents report
+    exact_speculative: bool = True
     # tuning of the kvgate / article policy: policy/config.py RoutingConfig fields (docs/ROUTING.md)
     tuning: dict[str, object] = field(default_factory=dict)
 
@@ -146,6 +161,10 @@ class RoutingSection:
         _one_of("routing.policy", self.policy, ("kvgate", "article", "round_robin", "least_loaded"))
         _at_least("routing.chunk_chars", self.chunk_chars, 16)
         _at_least("routing.refresh_ms", self.refresh_ms, 50)
+        _one_of("routing.prefix_mode", self.prefix_mode, PREFIX_MODES)
+        _at_least("routing.exact_block_size", self.exact_block_size, 0)
+        _at_least("routing.tokenize_timeout_ms", self.tokenize_timeout_ms, 1)
+        _at_least("routing.tokenize_cache_entries", self.tokenize_cache_entries, 0)
         self.policy_config()  # validate the tuning table now
 
     def policy_config(self) -> RoutingConfig:
@@ -200,6 +219,10 @@ class GatewayConfig:
                 if key in seen:
                     raise ConfigError(f"tenants.{name}.api_keys[{i}]", "***", f"already used by {seen[key]}")
                 seen[key] = name
+
+    def prefix_modes(self) -> dict[str, str]:
+        """Models whose prefix mode differs from routing.prefix_mode (the others use that)."""
+        return {name: m.prefix_mode for name, m in self.models.items() if m.prefix_mode}
 
     def key_to_tenant(self) -> dict[str, str]:
         return {key: name for name, t in self.tenants.items() for key in t.api_keys}

@@ -66,10 +66,13 @@ class Intake:
                     503, "no_healthy_worker", f"no healthy worker for {parsed.model!r}", retry_after_s=1
                 )
             try:
-                state.extra["prompt"] = hash_prompt(
-                    parsed.body, parsed.model, gate.config.routing.chunk_chars
-                )
+                prompt = hash_prompt(parsed.body, parsed.model, gate.config.routing.chunk_chars)
             except ValueError as e:
                 raise GatewayError(400, "invalid_request", str(e)) from None
+            if gate.router.is_exact(parsed.model):  # token ids from a worker; this prompt if none
+                prompt = await gate.router.exact_prompt(
+                    parsed.body, parsed.model, prompt, gate.routable(parsed.model)
+                )
+            state.extra["prompt"] = prompt
         except GatewayError as e:
             flow.response = e.to_response()

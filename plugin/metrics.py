@@ -158,6 +158,21 @@ class GatewayMetrics:
         )
         self.workers = Gauge("kvgate_workers", "Workers in the mirror, by state.", ("model", "state"))
         self.draining = Gauge("kvgate_draining", "1 while the gateway drains on SIGTERM.")
+        # exact prefix mode (plugin/tokenize.py)
+        self.tokenized = Counter(
+            "kvgate_tokenize_total",
+            "Exact-mode prompts hashed from token ids, by source (worker, cache, prompt).",
+            ("model", "source"),
+        )
+        self.tokenize_seconds = Histogram(
+            "kvgate_tokenize_seconds", "Exact mode: /tokenize round trips to a worker.", ("model",),
+            (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+        )  # fmt: skip
+        self.prefix_fallbacks = Counter(
+            "kvgate_prefix_fallbacks_total",
+            "Exact-mode requests routed on approximate hashes, by reason (timeout, error, ...).",
+            ("model", "reason"),
+        )
 
     def all(self) -> list[Counter | Histogram]:
         return [m for m in vars(self).values() if isinstance(m, Counter | Histogram)]

@@ -7,6 +7,13 @@ decision reads only memory: the mirror's workers (plugin/mirror.py) and this sta
 decision the request's prefix blocks go to Redis in a batched background writer (approximate
 mode), so other gateways learn the placement without this request waiting for it.
 
+Exact mode (per model, `prefix_mode = "exact"`): before admission, `exact_prompt` replaces the
+request's text-chunk hashes by token-block hashes of its token ids (plugin/tokenize.py: the worker's
+own /tokenize); the index then holds what the agents report from KV events, so it follows the
+workers' real caches, evictions included. Routing writes nothing to Redis; with `exact_speculative`
+the routed blocks enter this gateway's mirror at once, as the worker is about to cache them (the
+KV events confirm or remove them), so a burst of one prefix does not scatter during its first prefill.
+
 Policies: `kvgate` (policy/kvgate.py), `article` (policy/article.py), and the baselines
 `round_robin` and `least_loaded` (for the demo).
 """
@@ -35,6 +42,7 @@ from plugin.config import RoutingSection
 from plugin.context import accepted, fail_closed
 from plugin.errors import GatewayError
 from plugin.tasks import cancel_and_wait, spawn
+from plugin.tokenize import TokenizeFailed, Tokenizer
 from policy.config import RoutingConfig
 from policy.index import PrefixIndex
 from policy.kvgate import build_policy
@@ -44,6 +52,7 @@ from policy.types import Band, Decision, RequestView, WorkerView
 
 if TYPE_CHECKING:
     from plugin.addon import KvGate
+    from plugin.metrics import GatewayMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +60,7 @@ CHARS_PER_TOKEN = 4
 REPUBLISH_S = 10.0  # a block this gateway published for a worker is not written again this soon
 PUBLISHED_MAX = 100_000  # per worker, bounded memory for that bookkeeping
 DEFAULT_CAPACITY_TOKENS = 1_000_000  # a worker that did not report its KV size
+DEFAULT_BLOCK_SIZE = 16  # exact mode, when neither the config nor the agents give a block size
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +89,7 @@ class Prompt:
     hashes: tuple[int, ...]
     block_tokens: tuple[int, ...]
     prompt_tokens: int
+    exact: bool = False  # token-block hashes (exact mode), else text-chunk hashes
 
 
 def hash_prompt(body: dict[str, object], model: str, chunk_chars: int) -> Prompt:
@@ -99,9 +110,18 @@ def parse_upstream(url: str, default_scheme: str = "http") -> Upstream:
 class ModelRouting:
     """One model's routing state and this gateway's load accounting for its workers."""
 
-    def __init__(self, config: RoutingConfig, chunk_chars: int) -> None:
-        self.blocks_per_token = CHARS_PER_TOKEN / chunk_chars
-        self.state = RoutingState(config, PrefixIndex(self._capacity_blocks(DEFAULT_CAPACITY_TOKENS)))
+    def __init__(
+        self,
+        config: RoutingConfig,
+        blocks_per_token: float,
+        *,
+        exact: bool = False,
+        speculative: bool = False,
+    ) -> None:
+        self.exact = exact  # the index is the agents' (KV events); nothing is written to Redis
+        self.blocks_per_token = blocks_per_token
+        index = PrefixIndex(self._capacity_blocks(DEFAULT_CAPACITY_TOKENS))
+        self.state = RoutingState(config, index, insert_on_commit=not exact or speculative)
         self.inflight: dict[str, int] = defaultdict(int)
         self.pending_prefill: dict[str, int] = defaultdict(int)
         self.capacity_set: dict[str, int] = {}
@@ -137,8 +157,20 @@ class ModelRouting:
 class Router:
     """Picks workers for one gateway process; see the module docstring."""
 
-    def __init__(self, section: RoutingSection, redis: aioredis.Redis | None = None) -> None:
+    def __init__(
+        self,
+        section: RoutingSection,
+        redis: aioredis.Redis | None = None,
+        *,
+        prefix_modes: dict[str, str] | None = None,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
         self.section = section
+        self.prefix_modes = prefix_modes or {}  # per-model overrides of section.prefix_mode
+        self.metrics = metrics
+        self.tokenizer = Tokenizer(
+            timeout_s=section.tokenize_timeout_ms / 1000, cache_entries=section.tokenize_cache_entries
+        )
         self.policy_config = policy_config = section.policy_config()
         self.redis = redis
         self.rng = random.Random(section.seed)
@@ -154,8 +186,53 @@ class Router:
     def model(self, name: str) -> ModelRouting:
         routing = self.models.get(name)
         if routing is None:
-            routing = self.models[name] = ModelRouting(self.policy_config, self.section.chunk_chars)
+            if self.is_exact(name):
+                block = self.section.exact_block_size or DEFAULT_BLOCK_SIZE
+                routing = ModelRouting(
+                    self.policy_config, 1 / block, exact=True, speculative=self.section.exact_speculative
+                )
+            else:
+                routing = ModelRouting(self.policy_config, CHARS_PER_TOKEN / self.section.chunk_chars)
+            self.models[name] = routing
         return routing
+
+    def is_exact(self, model: str) -> bool:
+        """Whether `model` routes on the agents' exact (token-block) index."""
+        return self.prefix_modes.get(model, self.section.prefix_mode) == "exact"
+
+    # -- exact mode: token ids before admission ------------------------------------------------------
+    async def exact_prompt(
+        self, body: dict[str, object], model: str, fallback: Prompt, workers: Sequence[WorkerRecord]
+    ) -> Prompt:
+        """The request's token-block hashes (exact mode), or `fallback` (its approximate hashes) when
+        no token ids could be had; the fallback is counted in kvgate_prefix_fallbacks_total."""
+        started = time.monotonic()
+        try:
+            blocks, source = await self.tokenizer.blocks(
+                body, model, workers, self.block_size(model, workers)
+            )
+        except TokenizeFailed as e:
+            logger.debug("exact prefix of a %s request: %s; approximate instead", model, e)
+            if self.metrics is not None:
+                self.metrics.prefix_fallbacks.inc(model, e.reason)
+            return fallback
+        if self.metrics is not None:
+            self.metrics.tokenized.inc(model, source)
+            if source == "worker":
+                self.metrics.tokenize_seconds.observe(time.monotonic() - started, model)
+        return Prompt(blocks.hashes, blocks.block_tokens, blocks.prompt_tokens, exact=True)
+
+    def block_size(self, model: str, workers: Sequence[WorkerRecord]) -> int:
+        """Exact-mode block size: the config's, else the one most of the agents registered, else 16."""
+        block = self.section.exact_block_size
+        if not block:
+            sizes = [w.router_block_size for w in workers if w.router_block_size > 0]
+            block = max(set(sizes), key=sizes.count) if sizes else DEFAULT_BLOCK_SIZE
+        routing = self.model(model)
+        if routing.blocks_per_token != 1 / block:  # size the mirrored index in blocks of this size
+            routing.blocks_per_token = 1 / block
+            routing.capacity_set.clear()
+        return block
 
     # -- the decision (hot path: memory only) --------------------------------------------------------
     def route(
@@ -187,7 +264,7 @@ class Router:
         worker = next(w for w in workers if w.id == decision.worker)
         routing.inflight[worker.id] += 1
         routing.pending_prefill[worker.id] += max(0, view.prompt_tokens - view.hit_tokens(worker.id))
-        if self.section.write_index and self.redis is not None and prompt.hashes:
+        if self.section.write_index and self.redis is not None and prompt.hashes and not routing.exact:
             self._queue_index_write(model, worker, prompt.hashes)
         return Route(model, worker, self.upstream(worker.url), decision, view)
 
@@ -275,6 +352,7 @@ class Router:
 
     async def close(self) -> None:
         await cancel_and_wait(self._writer)
+        await self.tokenizer.close()
 
     async def _write_loop(self) -> None:
         assert self.redis is not None

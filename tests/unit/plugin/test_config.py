@@ -35,6 +35,18 @@ def test_tenants_and_models() -> None:
     assert config.models["llama"].total == 8
 
 
+def test_prefix_mode_per_model_overrides_the_routing_default() -> None:
+    config = config_from_dict(
+        {
+            "routing": {"prefix_mode": "exact"},
+            "models": {"a": {"prefix_mode": "approximate"}, "b": {"total": 2}},
+        }
+    )
+    assert config.routing.prefix_mode == "exact"
+    assert config.prefix_modes() == {"a": "approximate"}  # b (and unlisted models) use the default
+    assert GatewayConfig().routing.prefix_mode == "approximate"
+
+
 @pytest.mark.parametrize(
     ("data", "path"),
     [
@@ -67,6 +79,18 @@ def test_tenants_and_models() -> None:
         ),
         pytest.param({"priority": {"header": "x kvgate"}}, "priority.header", id="header name with a space"),
         pytest.param({"models": {"m": {"total": -1}}}, "models.m.total", id="negative model quota"),
+        pytest.param(
+            {"routing": {"prefix_mode": "precise"}}, "routing.prefix_mode", id="unknown prefix mode"
+        ),
+        pytest.param(
+            {"models": {"m": {"prefix_mode": "tokens"}}},
+            "models.m.prefix_mode",
+            id="unknown model prefix mode",
+        ),
+        pytest.param(
+            {"routing": {"tokenize_timeout_ms": 0}}, "routing.tokenize_timeout_ms", id="zero tokenize timeout"
+        ),
+        pytest.param({"routing": {"exact_block_size": -16}}, "routing.exact_block_size", id="negative block"),
     ],
 )
 def test_invalid_config_names_the_key(data: dict[str, object], path: str) -> None:

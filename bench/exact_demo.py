@@ -1,0 +1,134 @@
+"""Live comparison of the two prefix-index modes: approximate (text chunks, gateway-written) against
+exact (token blocks from the workers' /tokenize, agent-written from KV events).
+
+Same stack and scenario as `kvgate demo` (bench/demo.py): embedded Redis, 4 emulated vLLM workers
+with 2,000 KV blocks each, the tenant-system-prompts scenario (cache pressure 2.25× one worker's KV).
+Run 1: agents without KV events, gateway in approximate mode. Run 2: agents restarted with
+`--kv-events`, a new gateway with `prefix_mode = "exact"`. Worker caches are reset before each run.
+Prints TTFT p50/p99, the workers' own prefix-cache hit rate, and the exact run's /tokenize cost and
+fallbacks (from the gateway's /metrics).
+
+    python -m bench.exact_demo [--requests 240] [--rate 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.demo import (
+    NUM_GPU_BLOCKS,
+    PROFILE,
+    WORKERS,
+    RunSummary,
+    prefix_cache_counters,
+    reset_caches,
+    summarize,
+)
+from bench.live_scenarios import TenantPromptsScenario
+from bench.loadgen import run_open_loop
+from bench.stack import Stack
+from plugin.redis_server import free_port
+
+
+def wait_routable(gateway: str, count: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{gateway}/healthz", timeout=2) as resp:
+                if json.loads(resp.read()).get("live_workers") == count:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{gateway} did not see {count} live workers in {timeout_s} s")
+
+
+def gateway_metrics(gateway: str) -> dict[str, float]:
+    """Sums of the exact-mode samples in the gateway's /metrics."""
+    with urllib.request.urlopen(f"{gateway}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name.startswith(("kvgate_tokenize", "kvgate_prefix_fallbacks", "kvgate_routing_decisions")):
+            key = name + ("{kind=hit}" if 'kind="hit"' in line else "")
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def run(
+    stack: Stack, mode: str, scenario: TenantPromptsScenario, work_dir: Path
+) -> tuple[RunSummary, dict[str, float]]:
+    config = work_dir / f"gateway-{mode}.toml"
+    config.write_text(f'[routing]\nprefix_mode = "{mode}"\n\n[models."{scenario.model}"]\n')
+    gateway = stack.start_gateway(mode, config=config)
+    wait_routable(gateway, WORKERS)
+    reset_caches(stack.worker_urls)
+    hits0, queries0 = prefix_cache_counters(stack.worker_urls)
+    started = time.perf_counter()
+    requests = scenario.build()
+    results = asyncio.run(run_open_loop(gateway, requests))
+    wall_s = time.perf_counter() - started
+    hits1, queries1 = prefix_cache_counters(stack.worker_urls)
+    extra = gateway_metrics(gateway)
+    # spread: distinct (system prompt, worker) pairs the requests used (12 = each tenant on one worker)
+    extra["placements"] = len(
+        {(json.dumps(q.body["messages"][0]), r.worker) for q, r in zip(requests, results, strict=True)}  # type: ignore[index]
+    )
+    stack.stop_process(f"gateway-{mode}")
+    return summarize(mode, results, wall_s, hits1 - hits0, queries1 - queries0), extra
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.exact_demo", description=__doc__)
+    parser.add_argument("--requests", type=int, default=240)
+    parser.add_argument("--rate", type=float, default=8.0, help="requests per second (open loop)")
+    parser.add_argument("--logs", type=Path, help="keep process logs here (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    scenario = TenantPromptsScenario(requests=args.requests, rate_rps=args.rate)
+    runs = []
+    with (
+        tempfile.TemporaryDirectory(prefix="kvgate-exact-") as tmp,
+        Stack(log_dir=args.logs or Path(tmp)) as stack,
+    ):
+        stack.start_redis()
+        endpoints = {}
+        for i in range(WORKERS):
+            wid, endpoints[f"w{i}"] = f"w{i}", f"tcp://127.0.0.1:{free_port()}"
+            url = stack.start_worker(
+                wid, model=scenario.model, profile=PROFILE, time_scale=1.0,
+                extra=["--num-gpu-blocks", str(NUM_GPU_BLOCKS), "--kv-events-endpoint", endpoints[wid]],
+            )  # fmt: skip
+            stack.start_agent(wid, url, model=scenario.model)
+        print("approximate run ...", file=sys.stderr)
+        runs.append(run(stack, "approximate", scenario, stack.log_dir))
+        for i, url in enumerate(stack.worker_urls):  # agents again, now following the KV events
+            stack.stop_process(f"agent-w{i}")
+            stack.start_agent(f"w{i}", url, model=scenario.model, extra=["--kv-events", endpoints[f"w{i}"]])
+        print("exact run ...", file=sys.stderr)
+        runs.append(run(stack, "exact", scenario, stack.log_dir))
+    pressure = scenario.working_set_tokens() / (NUM_GPU_BLOCKS * 16)
+    print(
+        f"\n{scenario.tenants} tenants × {scenario.system_tokens}-token system prompts, {scenario.requests} "
+        f"requests at {scenario.rate_rps}/s, {WORKERS} workers; cache pressure {pressure:.2f}× one worker"
+    )
+    print(
+        f"{'mode':<12} {'TTFT p50':>10} {'TTFT p99':>10} {'hit rate':>9} {'req/s':>7} {'errors':>6}  gateway"
+    )
+    for r, extra in runs:
+        print(f"{r.policy:<12} {r.ttft_p50 * 1000:>8.1f}ms {r.ttft_p99 * 1000:>8.1f}ms {r.hit_rate:>9.1%} "
+              f"{r.throughput_rps:>7.2f} {r.errors:>6}  {json.dumps(extra, sort_keys=True)}")  # fmt: skip
+    return 0 if all(r.errors == 0 for r, _ in runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

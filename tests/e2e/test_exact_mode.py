@@ -1,0 +1,168 @@
+"""Exact prefix mode end to end: the gateway routes on the index the agents fill from KV events.
+
+Needs: the embedded redis-server (tests/conftest.py), free loopback ports, ZMQ. Two emulated vLLM
+workers (bench/emulator, in the test's loop) publish KV events; a `kvgate agent --kv-events` process
+per worker indexes them; a `kvgate proxy` process runs with `prefix_mode = "exact"`. Prefixes are
+warmed by sending requests straight to a worker, so only the agents' entries can tell the gateway
+where they are. Stickiness and cold-start exploration are off in the gateway's config so that the
+index alone decides. Every wait polls; every process is stopped.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from agent import index_store, registry
+from bench.emulator.tokenizer import render_chat, tokenize
+from plugin.redis_server import free_port
+from policy.prefix import token_block_hashes
+from tests.e2e.harness import Gateway, SseUpstream, chat, gateways, get, metric, poll, post, start_worker
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "m"
+WAIT_S = 20.0
+SYSTEM = "You answer questions about the ACME rocket catalogue, politely and briefly. " * 30
+CONFIG = f"""
+[routing]
+refresh_ms = 100
+prefix_mode = "exact"
+
+[routing.tuning.sticky]
+window_s = 0.0
+
+[routing.tuning.cold_start]
+period_s = 0.0
+
+[models."{MODEL}"]
+total = 16
+"""
+
+
+@pytest.fixture
+def processes() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Start `kvgate ...` subprocesses; every one is stopped at teardown."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-m", "plugin.cli", *args], stdout=subprocess.DEVNULL)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+async def workers(
+    redis: aioredis.Redis, redis_url: str, processes: Callable[..., subprocess.Popen[bytes]]
+) -> AsyncIterator[dict[str, str]]:
+    """Worker id -> URL of two emulated workers with KV events, each registered by its exact-mode agent."""
+    runners, urls = [], {}
+    try:
+        for wid in ("w0", "w1"):
+            zmq = f"tcp://127.0.0.1:{free_port()}"
+            runner, url = await start_worker(MODEL, wid, time_scale=0.02, kv_events_endpoint=zmq)
+            runners.append(runner)
+            urls[wid] = url
+            processes("agent", "--worker-url", url, "--model", MODEL, "--worker-id", wid,
+                      "--redis", redis_url, "--heartbeat-ms", "100", "--kv-events", zmq)  # fmt: skip
+
+        async def registered() -> bool:
+            records = await registry.read_workers(redis, MODEL, 0)
+            return sorted(r.id for r in records if r.router_block_size == 16) == ["w0", "w1"]
+
+        await poll(registered, WAIT_S, "both agents registered with router block size 16", interval_s=0.05)
+        yield urls
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+def prefix_keys(body: dict[str, object]) -> set[int]:
+    """The index keys an agent writes for the blocks of this chat request."""
+    ids = tokenize(render_chat(body["messages"]))
+    return set(token_block_hashes(ids, model=MODEL, block_size=16)[0])
+
+
+async def warm(redis: aioredis.Redis, url: str, wid: str, body: dict[str, object]) -> None:
+    """Send `body` straight to one worker (not through the gateway) and wait for its agent's entries."""
+    status, _, text = await post(f"{url}/v1/chat/completions", body)
+    assert status == 200, text
+    keys = prefix_keys(body)
+
+    async def indexed() -> bool:
+        return keys <= set((await index_store.load_snapshot(redis, MODEL)).get(wid, ()))
+
+    await poll(indexed, WAIT_S, f"{wid}'s agent to index the warmed prefix", interval_s=0.05)
+
+
+async def test_routes_to_the_holder_then_follows_a_cache_reset(
+    redis: aioredis.Redis, redis_url: str, workers: dict[str, str], tmp_path: Path
+) -> None:
+    config = tmp_path / "kvgate.toml"
+    config.write_text(CONFIG)
+    gw = Gateway(redis_url, config, log_dir=tmp_path)
+    async with gateways(gw):
+        await warm(redis, workers["w1"], "w1", chat(MODEL, "warm-up", system=SYSTEM, max_tokens=2))
+        served = []
+        for i in range(3):
+            status, headers, text = await post(
+                f"{gw.url}/v1/chat/completions", chat(MODEL, f"question {i}", system=SYSTEM, max_tokens=2)
+            )
+            assert status == 200, text
+            served.append(headers["x-kvgate-worker"])
+        assert served == ["w1"] * 3
+
+        # the worker drops its cache: its agent clears its entries, and the prefix now lives on w0 only
+        status, _, _ = await post(f"{workers['w1']}/reset_prefix_cache", b"")
+        assert status == 200
+        keys = prefix_keys(chat(MODEL, "warm-up", system=SYSTEM))
+
+        async def w1_cleared() -> bool:
+            return not keys & set((await index_store.load_snapshot(redis, MODEL)).get("w1", ()))
+
+        await poll(w1_cleared, WAIT_S, "w1's agent to clear its entries", interval_s=0.05)
+        await warm(redis, workers["w0"], "w0", chat(MODEL, "warm-up again", system=SYSTEM, max_tokens=2))
+        status, headers, text = await post(
+            f"{gw.url}/v1/chat/completions", chat(MODEL, "after the reset", system=SYSTEM, max_tokens=2)
+        )
+        assert status == 200, text
+        assert headers["x-kvgate-worker"] == "w0"
+        _, text = await get(f"{gw.url}/metrics")
+        assert metric(text.decode(), "kvgate_tokenize_total", model=MODEL, source="worker") == 4
+        assert metric(text.decode(), "kvgate_prefix_fallbacks_total", model=MODEL) is None
+
+
+async def test_tokenize_failure_falls_back_to_approximate(
+    redis: aioredis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    """A worker without /tokenize (404): the request is still served, routed on approximate hashes."""
+    config = tmp_path / "kvgate.toml"
+    config.write_text(CONFIG)
+    upstream = await SseUpstream(MODEL, events=2).start()
+    upstream.release.set()
+    try:
+        gw = Gateway(redis_url, config, workers=[upstream.url], model=MODEL, log_dir=tmp_path)
+        async with gateways(gw):
+            status, _, text = await post(f"{gw.url}/v1/chat/completions", chat(MODEL, "hi", stream=True))
+            assert status == 200 and b"[DONE]" in text
+            _, metrics = await get(f"{gw.url}/metrics")
+            assert metric(metrics.decode(), "kvgate_prefix_fallbacks_total", model=MODEL, reason="error") == 1
+            assert metric(metrics.decode(), "kvgate_tokenize_total", model=MODEL) is None
+    finally:
+        await upstream.close()
