@@ -125,33 +125,42 @@ class ProbabilisticGate(BaseGate):
 class GieFlowGate(BaseGate):
     """`gie_flow`: GIE / llm-d flow control (feature gate `flowControl`, PEERS.md §2.2;
     pkg/epp/flowcontrol/controller/internal/processor.go): one queue per priority band, FCFS inside a
-    band (global-strict fairness, the default), strict priority between bands; each tick dispatches the
-    head of the highest non-empty band while saturation < 1.0 (static ceiling), so lower bands wait too.
-    A full band (5,000 requests by default) rejects; no TTL by default. The simulator ticks at every
-    arrival and after finishes; with nothing in flight at all it fails open (dispatches the head)."""
+    band (global-strict fairness, the default), strict priority between bands; a tick runs at each
+    arrival and every 1 ms and dispatches at most one request, the head of the highest non-empty band,
+    while saturation < 1.0 (static ceiling), so lower bands wait too. The simulator calls the gate at
+    arrivals, finishes and scrapes, so a call dispatches up to one request per millisecond elapsed since
+    the last tick. A full band (5,000 requests by default) rejects; no TTL by default. With nothing in
+    flight at all it fails open (dispatches the head)."""
 
     name = "gie_flow"
+    TICK_S = 0.001
 
     def __init__(self, queue_max: int = 5000) -> None:
         super().__init__()
         self.queue_max = queue_max
         self.queues: dict[Band, deque[SimRequest]] = {b: deque() for b in BANDS_DOWN}
+        self.last_tick_s = 0.0
 
     def admit(self, req: SimRequest, cluster: ClusterView, now_s: float) -> Verdict:
         if len(self.queues[req.band]) >= self.queue_max:
             return Verdict.REJECT
-        if self.queued() == 0 and saturation(cluster, now_s) < 1.0:
+        if self.queued() == 0 and saturation(cluster, now_s) < 1.0:  # this arrival's tick dispatches it
+            self.last_tick_s = now_s
             return Verdict.ADMIT
-        self.queues[req.band].append(req)
+        self.queues[req.band].append(req)  # the next call's ticks dispatch it, highest band first
         return Verdict.QUEUE
 
     def release(self, cluster: ClusterView, now_s: float) -> Sequence[SimRequest]:
+        ticks = max(1, int((now_s - self.last_tick_s) / self.TICK_S + 1e-9))
+        self.last_tick_s = now_s
         out: list[SimRequest] = []
-        # the saturation signal is a scrape: it does not move while we dispatch within one tick
+        # the saturation signal is a scrape: it does not move during the ticks of one call
         if self.queued() and (saturation(cluster, now_s) < 1.0 or cluster_idle(cluster)):
-            for band in BANDS_DOWN:
-                out.extend(self.queues[band])
-                self.queues[band].clear()
+            for _ in range(ticks):
+                band = next((b for b in BANDS_DOWN if self.queues[b]), None)
+                if band is None:
+                    break
+                out.append(self.queues[band].popleft())
         return out
 
     def queued(self) -> int:

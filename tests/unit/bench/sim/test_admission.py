@@ -132,8 +132,11 @@ def test_gie_flow_strict_priority_fcfs_and_dispatch_while_unsaturated() -> None:
     for rid, band in order:
         assert gate.admit(req(rid, band), SATURATED, 0.0) is Verdict.QUEUE
     assert gate.queued() == 5
-    assert gate.release(SATURATED, 0.0) == []  # saturated and work in flight: everything waits
-    assert [r.id for r in gate.release(IDLE, 0.0)] == [3, 5, 2, 1, 4]
+    assert gate.release(SATURATED, 0.010) == []  # saturated and work in flight: everything waits
+    # one dispatch per 1 ms tick since the last call (GIE ticks every 1 ms), highest band first
+    assert [r.id for r in gate.release(IDLE, 0.012)] == [3, 5]
+    assert [r.id for r in gate.release(IDLE, 0.0125)] == [2]  # at least the call's own tick
+    assert [r.id for r in gate.release(IDLE, 0.100)] == [1, 4]
     assert gate.queued() == 0
 
 
@@ -146,7 +149,7 @@ def test_gie_flow_fails_open_when_nothing_runs_and_rejects_when_band_full() -> N
     ]
     assert gate.admit(req(9, Band.HIGH), SATURATED, 0.0) is Verdict.QUEUE  # bands are separate queues
     stuck = cluster((10, 0.9), (10, 0.9), inflight=0)  # stale "saturated" scrape, nothing running
-    assert [r.id for r in gate.release(stuck, 0.0)] == [9, 0, 1]
+    assert [r.id for r in gate.release(stuck, 0.003)] == [9, 0, 1]
 
 
 # ---- kvgate --------------------------------------------------------------------------------------
