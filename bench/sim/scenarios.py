@@ -281,6 +281,21 @@ def stream_capacity_rps(profile: EngineProfile, stream: Stream) -> float:
     return capacity_rps(profile, lambda rate, span_s: stream_alone(stream, rate, span_s), sample)
 
 
+def overload_utilisation(
+    requests: Sequence[SimRequest],
+    profile: EngineProfile,
+    workers: int,
+    streams: Sequence[Stream] = OVERLOAD_STREAMS,
+) -> float:
+    """Fraction of the cluster's measured capacity the requests ask for over their arrival span (each
+    request counts 1 / its stream's capacity; the stream is known by the tenant)."""
+    span = requests[-1].arrival_s - requests[0].arrival_s if requests else 0.0
+    if span <= 0:
+        raise ValueError("utilisation needs at least two distinct arrival times")
+    capacity = {t: stream_capacity_rps(profile, s) for s in streams for t in s.tenants}
+    return sum(1 / capacity[r.tenant] for r in requests) / (span * workers)
+
+
 def stream_alone(stream: Stream, rate: float, span_s: float) -> list[SimRequest]:
     """The stream's traffic by itself: Poisson at `rate` requests/s over [0, `span_s`), fixed seed (so
     a measured capacity depends only on the stream and the profile)."""

@@ -14,6 +14,7 @@ from bench.sim.scenarios import (
     HALF_LOAD_SCALE,
     OVERLOAD_STREAMS,
     overload_requests,
+    overload_utilisation,
     stream_alone,
     stream_capacity_rps,
 )
@@ -109,3 +110,14 @@ def test_phase_utilisation_is_steady_then_twice_capacity_then_steady(workers: in
         loads.append(utilisation(counts, capacity, workers))
     tolerance = 0.1 if workers == 8 else 0.2  # Poisson counts: few batch requests on 2 workers
     assert loads == pytest.approx([0.6, 2.0, 0.6], rel=tolerance)
+
+
+def test_the_reported_load_is_the_whole_run_against_measured_capacity() -> None:
+    """0.6 x 60 s + 2.0 x 60 s + 0.6 x 90 s = 1.0 of capacity over 210 s (results.json `load`)."""
+    from bench.sim.runner import overload_workload
+
+    assert overload_utilisation(overload_requests(1, PROFILE, 8), PROFILE, 8) == pytest.approx(1.0, rel=0.05)
+    half = overload_requests(1, PROFILE, 8, load_scale=HALF_LOAD_SCALE, burst=False)
+    assert overload_utilisation(half, PROFILE, 8) == pytest.approx(0.5, rel=0.05)
+    workload = overload_workload(PROFILE, 2, 1, 1000, None)
+    assert workload.plan.load == overload_utilisation(workload.requests, PROFILE, 2)
