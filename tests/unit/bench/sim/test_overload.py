@@ -80,6 +80,32 @@ def test_admission_metrics_goodput_and_per_band_numbers() -> None:
     assert math.isclose(by["low"]["ttft_p99"], 13.0)
 
 
+def test_admission_metrics_by_tenant_shows_whom_a_gate_fails() -> None:
+    cases = [("flood", True), ("flood", True), ("flood", False), ("polite", False)]  # (tenant, rejected)
+    requests = [
+        SimRequest(i, 0.0, 10, 10, (i,), (10,), Band.NORMAL, t, 10.0) for i, (t, _) in enumerate(cases)
+    ]
+    records = [
+        RequestRecord(
+            i,
+            0.0,
+            10,
+            10,
+            int(Band.NORMAL),
+            t,
+            None if rej else "w0",
+            *((None,) * 3 if rej else (0.0, 1.0, 2.0)),
+            rejected=rej,
+        )
+        for i, (t, rej) in enumerate(cases)
+    ]
+    m = admission_metrics(SimResult("p", records, ["w0"], {"w0": 1.0}, {}, {}, 2.0), requests)
+    assert m["by_tenant"] == {
+        "flood": {"requests": 3, "rejected": 2, "goodput": pytest.approx(1 / 3)},
+        "polite": {"requests": 1, "rejected": 0, "goodput": 1.0},
+    }
+
+
 def test_cli_admission_runs_one_per_policy_and_gate(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
