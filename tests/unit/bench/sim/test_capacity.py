@@ -18,6 +18,7 @@ from bench.sim.scenarios import (
     stream_alone,
     stream_capacity_rps,
 )
+from bench.sim.types import SimRequest
 
 PROFILE = load_profile("h100-llama3.1-8b")
 STREAMS = {s.name: s for s in OVERLOAD_STREAMS}
@@ -43,7 +44,7 @@ def test_capacity_rps_raises_the_overdrive_until_the_engine_saturates() -> None:
     stream = STREAMS["chat"]
     tried: list[float] = []
 
-    def source(rate: float, span_s: float) -> list:  # type: ignore[type-arg]
+    def source(rate: float, span_s: float) -> list[SimRequest]:
         tried.append(rate)
         return stream_alone(stream, rate, span_s)
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
+from bench.sim.admission import KvgateGate
 from bench.sim.gate_settings import main, make_gate
 from bench.sim.profiles import load_profile
 from policy.admission import DEFAULT_SHARES, default_quota
@@ -38,8 +41,8 @@ PROFILE = load_profile("h100-llama3.1-8b")
         pytest.param("reserve=0.1", lambda g: g.quota.reserve == {Band.HIGH: 84}, id="reserve for high"),
     ],
 )
-def test_settings_become_gates(setting: str, check: object) -> None:
-    assert check(make_gate(setting, PROFILE, 8))  # type: ignore[operator]
+def test_settings_become_gates(setting: str, check: Callable[[KvgateGate], bool]) -> None:
+    assert check(make_gate(setting, PROFILE, 8))
 
 
 def test_a_bad_setting_fails_before_any_run(capsys: pytest.CaptureFixture[str]) -> None:
