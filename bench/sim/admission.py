@@ -30,6 +30,9 @@ from bench.sim.profiles import EngineProfile, prefill_time_s
 from bench.sim.types import ClusterView, Router, SimRequest
 from policy.admission import (
     DEFAULT_AGING_MS,
+    DEFAULT_MAX_SEATS,
+    DEFAULT_SHARES,
+    DEFAULT_TOKENS_PER_SEAT,
     SCAN,
     Usage,
     band_ok,
@@ -125,33 +128,42 @@ class ProbabilisticGate(BaseGate):
 class GieFlowGate(BaseGate):
     """`gie_flow`: GIE / llm-d flow control (feature gate `flowControl`, PEERS.md §2.2;
     pkg/epp/flowcontrol/controller/internal/processor.go): one queue per priority band, FCFS inside a
-    band (global-strict fairness, the default), strict priority between bands; each tick dispatches the
-    head of the highest non-empty band while saturation < 1.0 (static ceiling), so lower bands wait too.
-    A full band (5,000 requests by default) rejects; no TTL by default. The simulator ticks at every
-    arrival and after finishes; with nothing in flight at all it fails open (dispatches the head)."""
+    band (global-strict fairness, the default), strict priority between bands; a tick runs at each
+    arrival and every 1 ms and dispatches at most one request, the head of the highest non-empty band,
+    while saturation < 1.0 (static ceiling), so lower bands wait too. The simulator calls the gate at
+    arrivals, finishes and scrapes, so a call dispatches up to one request per millisecond elapsed since
+    the last tick. A full band (5,000 requests by default) rejects; no TTL by default. With nothing in
+    flight at all it fails open (dispatches the head)."""
 
     name = "gie_flow"
+    TICK_S = 0.001
 
     def __init__(self, queue_max: int = 5000) -> None:
         super().__init__()
         self.queue_max = queue_max
         self.queues: dict[Band, deque[SimRequest]] = {b: deque() for b in BANDS_DOWN}
+        self.last_tick_s = 0.0
 
     def admit(self, req: SimRequest, cluster: ClusterView, now_s: float) -> Verdict:
         if len(self.queues[req.band]) >= self.queue_max:
             return Verdict.REJECT
-        if self.queued() == 0 and saturation(cluster, now_s) < 1.0:
+        if self.queued() == 0 and saturation(cluster, now_s) < 1.0:  # this arrival's tick dispatches it
+            self.last_tick_s = now_s
             return Verdict.ADMIT
-        self.queues[req.band].append(req)
+        self.queues[req.band].append(req)  # the next call's ticks dispatch it, highest band first
         return Verdict.QUEUE
 
     def release(self, cluster: ClusterView, now_s: float) -> Sequence[SimRequest]:
+        ticks = max(1, int((now_s - self.last_tick_s) / self.TICK_S + 1e-9))
+        self.last_tick_s = now_s
         out: list[SimRequest] = []
-        # the saturation signal is a scrape: it does not move while we dispatch within one tick
+        # the saturation signal is a scrape: it does not move during the ticks of one call
         if self.queued() and (saturation(cluster, now_s) < 1.0 or cluster_idle(cluster)):
-            for band in BANDS_DOWN:
-                out.extend(self.queues[band])
-                self.queues[band].clear()
+            for _ in range(ticks):
+                band = next((b for b in BANDS_DOWN if self.queues[b]), None)
+                if band is None:
+                    break
+                out.append(self.queues[band].popleft())
         return out
 
     def queued(self) -> int:
@@ -162,18 +174,15 @@ class GieFlowGate(BaseGate):
 class KvgateConfig:
     """Knobs of the kvgate gate (defaults are what `--admission kvgate` runs)."""
 
-    # 512-token seats (policy default 4096): short online requests are not priced like 4k-token ones,
-    # so the KV-sized quota is not exhausted by online traffic using a fraction of the KV it reserves
-    tokens_per_seat: int = 512
-    max_seats: int = 64
+    # policy/admission.py's defaults, as an operator gets them: 4096-token seats, at most 16 per request,
+    # default_quota's shares (high 0.5, normal 0.3, low 0.2; high and normal borrow, low does not).
+    # Measured on `overload` (docs/SIMULATOR.md, "Gate settings"): the settings tuned on the earlier
+    # W-calibrated scenario (512-token seats, up to 64, shares 0.2/0.6/0.2) gain 3-4 points of goodput
+    # and lengthen the high band's TTFT p99 2-3x; 512-token seats are no gateway setting.
+    tokens_per_seat: int = DEFAULT_TOKENS_PER_SEAT
+    max_seats: int = DEFAULT_MAX_SEATS
     seats_per_worker: int | None = None  # None: the worker's KV capacity in seats
-    # nominal band shares of the total: high borrows everything free, normal borrows from low, low never
-    # borrows; a small high share because high may take any free seat (policy default 0.5/0.3/0.2).
-    # Measured on `overload` (docs/SIMULATOR.md): 0.2/0.5/0.3 -> goodput 0.962, high p99 1.63x half load;
-    # 0.2/0.6/0.2 -> 0.970 and 1.40x (less long-prompt batch prefill sharing steps with online requests)
-    shares: Mapping[Band, float] = field(
-        default_factory=lambda: {Band.HIGH: 0.2, Band.NORMAL: 0.6, Band.LOW: 0.2}
-    )
+    shares: Mapping[Band, float] = field(default_factory=lambda: dict(DEFAULT_SHARES))
     aging_ms: int = DEFAULT_AGING_MS
     # wait budget when the request has no SLO, and the "acceptable wait" of the queue-length rule
     wait_s: Mapping[Band, float] = field(
@@ -211,7 +220,8 @@ class KvgateGate(BaseGate):
     - Queue length per band: `queue_limit(expected QPS, acceptable wait)`, QPS measured over a window.
     - Wait budget: the request's TTFT SLO (else the band's wait); an expired waiter leaves (rejected).
     - SLO-aware early rejection (Mooncake, PEERS.md §2.4): refuse at the door when the predicted TTFT on
-      the best worker (its pending prefill + this prompt, + `estimated_wait_s` when queued) exceeds the SLO.
+      the best worker (its pending prefill + this prompt, + `estimated_wait_s` when queued) exceeds the SLO,
+      and at grant time when the wait so far + the predicted TTFT from now does (the waiter leaves, 429).
     The state here is incremental (sorted queues, running usage) but applies the same pure functions as
     `policy.admission.AdmissionState`, whose per-call rescans are too slow for 10^4-request runs."""
 
@@ -383,8 +393,19 @@ class KvgateGate(BaseGate):
             if best is None or not total_ok(self.quota, usage, self.waiters[best[0]].seats):
                 self._track_pressure(now_ms)
                 return granted
+            if self._too_late(self.waiters[best[0]].req, now_ms):
+                self._leave(best[0])  # its seats would buy a late answer: 429 now, seats to the next
+                self.dropped.append(best[0])
+                continue
             self._grant(now_ms, best[0])
             granted.append(best[0])
+
+    def _too_late(self, req: SimRequest, now_ms: int) -> bool:
+        """SLO-aware rejection at grant time: the predicted TTFT from now misses the request's SLO."""
+        if not self.config.slo_reject or req.slo_ttft_s is None or self.cluster is None:
+            return False
+        ttft_s = self._best_worker(req, self.cluster)[1]
+        return now_ms + _ms(ttft_s) > _ms(req.arrival_s + req.slo_ttft_s)
 
     def _grant(self, now_ms: int, rid: int) -> None:
         w = self.waiters[rid]

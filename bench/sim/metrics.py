@@ -243,9 +243,10 @@ def is_good(record: RequestRecord, slo_ttft_s: float | None) -> bool:
 
 
 def admission_metrics(result: SimResult, requests: Sequence[SimRequest]) -> dict[str, object]:
-    """`goodput` (fraction of all requests that are good, a rejected one never is) and `by_priority`
+    """`goodput` (fraction of all requests that are good, a rejected one never is), `by_priority`
     {high|normal|low: ttft_p50, ttft_p99, completed, rejected, max_wait}; max_wait = longest
-    admission wait (dispatch - arrival) among the band's dispatched requests, 0 when none waited."""
+    admission wait (dispatch - arrival) among the band's dispatched requests, 0 when none waited; and
+    `by_tenant` {tenant: requests, rejected, goodput} (whom a gate fails: a flooding tenant or the rest)."""
     slo = {r.id: r.slo_ttft_s for r in requests}
     records = result.records
     good = sum(is_good(r, slo[r.id]) for r in records)
@@ -263,4 +264,16 @@ def admission_metrics(result: SimResult, requests: Sequence[SimRequest]) -> dict
             "requests": len(mine),
             "goodput": sum(is_good(r, slo[r.id]) for r in mine) / len(mine) if mine else None,
         }
-    return {"goodput": good / len(records) if records else 0.0, "by_priority": by_priority}
+    by_tenant: dict[str, dict[str, object]] = {}
+    for tenant in sorted({r.tenant for r in records}):
+        mine = [r for r in records if r.tenant == tenant]
+        by_tenant[tenant] = {
+            "requests": len(mine),
+            "rejected": sum(r.rejected for r in mine),
+            "goodput": sum(is_good(r, slo[r.id]) for r in mine) / len(mine),
+        }
+    return {
+        "goodput": good / len(records) if records else 0.0,
+        "by_priority": by_priority,
+        "by_tenant": by_tenant,
+    }

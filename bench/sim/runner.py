@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from bench.sim.bounds import (
     infinite_cache_hit_rate,
@@ -29,7 +29,13 @@ from bench.sim.load import LoadPlan, decode_token_cost_s, offered_load, scale_to
 from bench.sim.metrics import admission_metrics, compute_metrics, load_series
 from bench.sim.profiles import EngineProfile, load_profile
 from bench.sim.registry import make_router
-from bench.sim.scenarios import HALF_LOAD_SCALE, OVERLOAD_STREAMS, build_scenario, overload_requests
+from bench.sim.scenarios import (
+    HALF_LOAD_SCALE,
+    OVERLOAD_STREAMS,
+    build_scenario,
+    overload_requests,
+    overload_utilisation,
+)
 from bench.sim.traces import TRACE_BLOCK_TOKENS, load_trace
 from bench.sim.types import SimRequest
 
@@ -81,7 +87,9 @@ def overload_workload(
     requests = overload_requests(seed, profile, workers, load_scale=scale)[:limit]
     reference = overload_requests(seed, profile, workers, load_scale=HALF_LOAD_SCALE, burst=False)[:limit]
     workload = prepare_workload("scenario:overload", requests, profile, workers, 0.0, scale=False)
-    return _with_reference(workload, reference)
+    # its load is against measured capacity (bench/sim/capacity.py), not W: 1.0 over the whole run
+    load = overload_utilisation(requests, profile, workers)
+    return _with_reference(replace(workload, plan=replace(workload.plan, load=load)), reference)
 
 
 def _with_reference(workload: Workload, reference: list[SimRequest]) -> Workload:

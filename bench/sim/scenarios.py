@@ -14,11 +14,13 @@ the report prints the measured value of every run.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+from bench.sim.capacity import capacity_rps
 from bench.sim.profiles import EngineProfile
 from bench.sim.traces import TRACE_BLOCK_TOKENS
 from bench.sim.types import SimRequest
@@ -202,7 +204,8 @@ def multi_tenant(seed: int, n: int = 4000) -> list[SimRequest]:
 
 @dataclass(frozen=True, slots=True)
 class Stream:
-    """One kind of traffic of the overload scenario; loads are fractions of cluster capacity."""
+    """One kind of traffic of the overload scenario; loads are fractions of the cluster's measured
+    capacity for this kind (bench/sim/capacity.py)."""
 
     name: str
     band: Band
@@ -243,58 +246,18 @@ def overload_requests(
 ) -> list[SimRequest]:
     """The overload scenario in absolute virtual seconds for `workers` engines of `profile`.
 
-    Each stream is a Poisson process per phase whose rate makes its work (bench/sim/load.py's W, no
-    cache hits) equal its load x `load_scale` x capacity. W's per-token decode cost depends on the whole
-    workload's mean context, so it is taken from a first draft and the workload drawn again with it.
-    `burst=False` keeps the steady mix during the burst window (the half-load reference:
+    Each stream is a Poisson process per phase at load x `load_scale` x its measured capacity
+    (`stream_capacity_rps` x `workers`), so the phases ask for 0.6 / 2.0 / 0.6 of what the cluster
+    serves. `burst=False` keeps the steady mix during the burst window (the half-load reference:
     `load_scale=HALF_LOAD_SCALE, burst=False`)."""
-    from bench.sim.load import decode_token_cost_s
-
-    def probe(stream: Stream) -> list[SimRequest]:  # a fixed sample of the stream's content
-        sample = [_overload_content(random.Random(f"{stream.name}:{i}"), stream, i) for i in range(200)]
-        return [SimRequest(0, 0.0, sum(t for _, t in segs), out, (), ()) for _, segs, out in sample]
-
-    probes = {stream.name: probe(stream) for stream in streams}
-    per_token = decode_token_cost_s(profile, [r for p in probes.values() for r in p])
-    for _ in range(2):
-        drafts = _overload_drafts(
-            seed, profile, workers, load_scale, burst, streams, phases_s, probes, per_token
-        )
-        per_token = decode_token_cost_s(
-            profile, [SimRequest(0, 0.0, sum(t for _, t in d[3]), d[4], (), ()) for d in drafts]
-        )
-    blocks = PromptBlocks()
-    return [
-        _request(blocks, i, t, segs, out, tenant, stream.band, stream.slo_ttft_s)
-        for i, (t, stream, tenant, segs, out) in enumerate(drafts)
-    ]
-
-
-Draft = tuple[float, "Stream", str, list[Segment], int]  # (arrival, stream, tenant, segments, output)
-
-
-def _overload_drafts(
-    seed: int,
-    profile: EngineProfile,
-    workers: int,
-    load_scale: float,
-    burst: bool,
-    streams: Sequence[Stream],
-    phases_s: tuple[float, float, float],
-    probes: dict[str, list[SimRequest]],
-    per_token: float,
-) -> list[Draft]:
-    from bench.sim.load import request_work_s
-
     rng = random.Random(seed)
-    drafts: list[Draft] = []
+    drafts: list[tuple[float, Stream, str, list[Segment], int]] = []
     for stream in streams:
-        probe = probes[stream.name]
-        mean_work = sum(request_work_s(profile, r, per_token) for r in probe) / len(probe)
+        capacity = workers * stream_capacity_rps(profile, stream)
         start = 0.0
         for phase, length in enumerate(phases_s):
             load = stream.burst_load if phase == 1 and burst else stream.steady_load
-            rate = load * load_scale * workers / mean_work
+            rate = load * load_scale * capacity
             t = start
             while rate > 0:
                 t += rng.expovariate(rate)
@@ -304,7 +267,46 @@ def _overload_drafts(
                 drafts.append((t, stream, tenant, segs, out))
             start += length
     drafts.sort(key=lambda d: d[0])
-    return drafts
+    blocks = PromptBlocks()
+    return [
+        _request(blocks, i, t, segs, out, tenant, stream.band, stream.slo_ttft_s)
+        for i, (t, stream, tenant, segs, out) in enumerate(drafts)
+    ]
+
+
+@functools.cache
+def stream_capacity_rps(profile: EngineProfile, stream: Stream) -> float:
+    """Requests per second one engine of `profile` serves of `stream` alone (bench/sim/capacity.py)."""
+    sample = stream_alone(stream, 1.0, 200.0)
+    return capacity_rps(profile, lambda rate, span_s: stream_alone(stream, rate, span_s), sample)
+
+
+def overload_utilisation(
+    requests: Sequence[SimRequest],
+    profile: EngineProfile,
+    workers: int,
+    streams: Sequence[Stream] = OVERLOAD_STREAMS,
+) -> float:
+    """Fraction of the cluster's measured capacity the requests ask for over their arrival span (each
+    request counts 1 / its stream's capacity; the stream is known by the tenant)."""
+    span = requests[-1].arrival_s - requests[0].arrival_s if requests else 0.0
+    if span <= 0:
+        raise ValueError("utilisation needs at least two distinct arrival times")
+    capacity = {t: stream_capacity_rps(profile, s) for s in streams for t in s.tenants}
+    return sum(1 / capacity[r.tenant] for r in requests) / (span * workers)
+
+
+def stream_alone(stream: Stream, rate: float, span_s: float) -> list[SimRequest]:
+    """The stream's traffic by itself: Poisson at `rate` requests/s over [0, `span_s`), fixed seed (so
+    a measured capacity depends only on the stream and the profile)."""
+    rng, blocks = random.Random(f"capacity:{stream.name}"), PromptBlocks()
+    out: list[SimRequest] = []
+    t = rng.expovariate(rate)
+    while t < span_s:
+        tenant, segs, output = _overload_content(rng, stream, len(out))
+        out.append(_request(blocks, len(out), t, segs, output, tenant, stream.band, stream.slo_ttft_s))
+        t += rng.expovariate(rate)
+    return out
 
 
 def _overload_content(rng: random.Random, stream: Stream, key: int) -> tuple[str, list[Segment], int]:

@@ -25,6 +25,7 @@ from bench.sim.admission import (
 from bench.sim.cluster import Verdict
 from bench.sim.profiles import load_profile
 from bench.sim.types import Scraped, SimRequest
+from policy.admission import DEFAULT_MAX_SEATS, DEFAULT_TOKENS_PER_SEAT, default_quota
 from policy.types import Band, WorkerView
 
 PROFILE = load_profile("h100-llama3.1-8b")
@@ -132,8 +133,11 @@ def test_gie_flow_strict_priority_fcfs_and_dispatch_while_unsaturated() -> None:
     for rid, band in order:
         assert gate.admit(req(rid, band), SATURATED, 0.0) is Verdict.QUEUE
     assert gate.queued() == 5
-    assert gate.release(SATURATED, 0.0) == []  # saturated and work in flight: everything waits
-    assert [r.id for r in gate.release(IDLE, 0.0)] == [3, 5, 2, 1, 4]
+    assert gate.release(SATURATED, 0.010) == []  # saturated and work in flight: everything waits
+    # one dispatch per 1 ms tick since the last call (GIE ticks every 1 ms), highest band first
+    assert [r.id for r in gate.release(IDLE, 0.012)] == [3, 5]
+    assert [r.id for r in gate.release(IDLE, 0.0125)] == [2]  # at least the call's own tick
+    assert [r.id for r in gate.release(IDLE, 0.100)] == [1, 4]
     assert gate.queued() == 0
 
 
@@ -146,7 +150,7 @@ def test_gie_flow_fails_open_when_nothing_runs_and_rejects_when_band_full() -> N
     ]
     assert gate.admit(req(9, Band.HIGH), SATURATED, 0.0) is Verdict.QUEUE  # bands are separate queues
     stuck = cluster((10, 0.9), (10, 0.9), inflight=0)  # stale "saturated" scrape, nothing running
-    assert [r.id for r in gate.release(stuck, 0.0)] == [9, 0, 1]
+    assert [r.id for r in gate.release(stuck, 0.003)] == [9, 0, 1]
 
 
 # ---- kvgate --------------------------------------------------------------------------------------
@@ -249,6 +253,28 @@ def test_kvgate_slo_aware_early_rejection() -> None:
     assert gate.admit(req(3, Band.HIGH, slo=2.0), ONE, 0.0) is Verdict.ADMIT
 
 
+@pytest.mark.parametrize(
+    ("pending_tokens", "granted"),
+    [
+        pytest.param(0, True, id="idle worker: granted with 1 s of its 2 s SLO left"),
+        pytest.param(65_536, False, id="8 chunks of prefill ahead (~1.5 s): would answer late, leaves"),
+    ],
+)
+def test_kvgate_rejects_a_waiter_at_grant_time_when_its_slo_is_out_of_reach(
+    pending_tokens: int, granted: bool
+) -> None:
+    gate = kvgate(total_seats=1, shares={Band.LOW: 1.0}, slo_reject=True)
+    live = HandCluster(ONE.scrapes, pending={})  # the gate keeps the cluster it last saw (the sim's one)
+    holder = req(0, Band.HIGH)
+    assert gate.admit(holder, live, 0.0) is Verdict.ADMIT
+    assert gate.admit(req(1, Band.HIGH, slo=2.0), live, 0.0) is Verdict.QUEUE  # ~1 s wait predicted
+    live.pending["w0"] = pending_tokens
+    gate.on_finish(holder, "w0", 1.0)
+    assert [r.id for r in gate.release(live, 1.0)] == ([1] if granted else [])
+    assert gate.dropped == ([] if granted else [1]) and gate.queued() == 0
+    assert gate.used_total == (1 if granted else 0)
+
+
 def test_kvgate_sheds_low_first_under_sustained_pressure() -> None:
     gate = kvgate(total_seats=1, shares={Band.NORMAL: 1.0}, shed_low_after_s=1.0)
     assert gate.admit(req(0, Band.NORMAL), ONE, 0.0) is Verdict.ADMIT
@@ -317,3 +343,15 @@ def test_kvgate_never_exceeds_quota_and_accounts_for_every_request(
     assert sum(len(p) for p in places) == len(set().union(*places))
     assert sum(len(p) for p in places) + finished == len(ops)
     assert {r.id for r in running} == set(gate.leases)
+
+
+def test_kvgate_gate_runs_the_quota_an_operator_gets_by_default() -> None:
+    """`--admission kvgate` uses policy/admission.py's defaults: default_quota's shares and borrowing,
+    4096-token seats (at most 16), a worker's KV capacity in seats; no scenario-specific settings."""
+    gate = KvgateGate(PROFILE, 8)
+    per_worker = PROFILE.capacity_tokens // DEFAULT_TOKENS_PER_SEAT
+    assert gate.quota == default_quota(8, per_worker)
+    assert (gate.config.tokens_per_seat, gate.config.max_seats) == (
+        DEFAULT_TOKENS_PER_SEAT,
+        DEFAULT_MAX_SEATS,
+    )

@@ -10,7 +10,6 @@ import pytest
 
 from bench.sim.cli import main
 from bench.sim.cluster import RequestRecord, SimResult
-from bench.sim.load import decode_token_cost_s, request_work_s
 from bench.sim.metrics import admission_metrics
 from bench.sim.profiles import load_profile
 from bench.sim.scenarios import HALF_LOAD_SCALE, OVERLOAD_PHASES_S, overload_requests
@@ -18,31 +17,15 @@ from bench.sim.types import SimRequest
 from policy.types import Band
 
 PROFILE = load_profile("h100-llama3.1-8b")
-PHASES = ((0.0, 60.0), (60.0, 120.0), (120.0, 210.0))
 
 
-def phase_loads(reqs: list[SimRequest], workers: int) -> list[float]:
-    """Offered load of each phase in load.py's convention (W with the workload's decode cost)."""
-    per_token = decode_token_cost_s(PROFILE, reqs)
-    return [
-        sum(request_work_s(PROFILE, r, per_token) for r in reqs if lo <= r.arrival_s < hi)
-        / ((hi - lo) * workers)
-        for lo, hi in PHASES
-    ]
-
-
-@pytest.mark.parametrize("workers", [2, 8])
-def test_overload_is_steady_then_twice_capacity_for_60_s_then_steady(workers: int) -> None:
+def test_phases_and_the_half_load_reference_have_the_same_streams_but_the_flood() -> None:
+    """Their loads against measured capacity: tests/unit/bench/sim/test_capacity.py."""
     assert OVERLOAD_PHASES_S == (60.0, 60.0, 90.0)
-    steady, burst, after = phase_loads(overload_requests(1, PROFILE, workers), workers)
-    assert 0.5 <= steady <= 0.8 and 0.5 <= after <= 0.8
-    assert 1.8 <= burst <= 2.2
-
-
-def test_half_load_reference_is_the_steady_mix_at_half_capacity() -> None:
-    reqs = overload_requests(1, PROFILE, 8, load_scale=HALF_LOAD_SCALE, burst=False)
-    assert all(0.45 <= load <= 0.55 for load in phase_loads(reqs, 8))
-    assert "api-flood" not in {r.tenant for r in reqs}
+    reqs = overload_requests(1, PROFILE, 8)
+    half = overload_requests(1, PROFILE, 8, load_scale=HALF_LOAD_SCALE, burst=False)
+    assert {r.tenant for r in reqs} - {r.tenant for r in half} == {"api-flood"}
+    assert max(r.arrival_s for r in half) > 200.0 and len(half) < len(reqs)
 
 
 def test_bands_tenants_slos_and_the_flooding_tenant() -> None:
@@ -95,6 +78,32 @@ def test_admission_metrics_goodput_and_per_band_numbers() -> None:
     assert by["normal"]["completed"] == 1 and by["normal"]["max_wait"] == 4.0
     assert (by["low"]["completed"], by["low"]["rejected"], by["low"]["max_wait"]) == (1, 1, 12.0)
     assert math.isclose(by["low"]["ttft_p99"], 13.0)
+
+
+def test_admission_metrics_by_tenant_shows_whom_a_gate_fails() -> None:
+    cases = [("flood", True), ("flood", True), ("flood", False), ("polite", False)]  # (tenant, rejected)
+    requests = [
+        SimRequest(i, 0.0, 10, 10, (i,), (10,), Band.NORMAL, t, 10.0) for i, (t, _) in enumerate(cases)
+    ]
+    records = [
+        RequestRecord(
+            i,
+            0.0,
+            10,
+            10,
+            int(Band.NORMAL),
+            t,
+            None if rej else "w0",
+            *((None,) * 3 if rej else (0.0, 1.0, 2.0)),
+            rejected=rej,
+        )
+        for i, (t, rej) in enumerate(cases)
+    ]
+    m = admission_metrics(SimResult("p", records, ["w0"], {"w0": 1.0}, {}, {}, 2.0), requests)
+    assert m["by_tenant"] == {
+        "flood": {"requests": 3, "rejected": 2, "goodput": pytest.approx(1 / 3)},
+        "polite": {"requests": 1, "rejected": 0, "goodput": 1.0},
+    }
 
 
 def test_cli_admission_runs_one_per_policy_and_gate(
