@@ -22,6 +22,7 @@ from policy.config import ConfigError as PolicyConfigError
 from policy.types import Band
 
 PREFIX_MODES = ("approximate", "exact")
+BAND_NAMES = tuple(b.name.lower() for b in Band)
 
 
 class ConfigError(ValueError):
@@ -106,6 +107,11 @@ class AdmissionSection:
     default_total: int = 0
     audit_every_ms: int = 5_000  # leases vs workers' in-flight ids (plugin/audit.py); 0 = off
     drift_warn: int = 1  # log a warning when the audited drift of a model reaches this
+    # nominal seats of each band as fractions of a model's total (policy/admission.py default_quota:
+    # high and normal may borrow what lower bands leave unused, low may not). {} (the default) = the
+    # total only: work-conserving, bands ordered by the queues; the simulator's kvgate gate runs with
+    # {high = 0.5, normal = 0.3, low = 0.2} (docs/ADMISSION.md "Band shares")
+    band_shares: dict[str, float] = field(default_factory=dict)
     # sustained pressure: once the high/normal queues have had waiters this long, new low-priority
     # requests get 429 `shed` at once (policy/pressure.py); 0 = never shed
     shed_low_after_ms: int = 5_000
@@ -115,6 +121,7 @@ class AdmissionSection:
         _at_least("admission.audit_every_ms", self.audit_every_ms, 0)
         _at_least("admission.drift_warn", self.drift_warn, 1)
         _at_least("admission.shed_low_after_ms", self.shed_low_after_ms, 0)
+        _check_shares("admission.band_shares", self.band_shares)
         _at_least("admission.default_total", self.default_total, 0)
         _at_least("admission.lease_ms", self.lease_ms, 100)
         _at_least("admission.renew_every_ms", self.renew_every_ms, 10)
@@ -129,12 +136,20 @@ class ModelSection:
     queue_max: int = 0  # waiters per band queue; 0 = the admission default
     count_seats: bool = False  # true: a request costs seats by its size (policy/admission.py seat_count)
     prefix_mode: str = ""  # approximate | exact; "" = routing.prefix_mode
+    band_shares: dict[str, float] | None = None  # None = admission.band_shares
+
+    def shares(self, default: Mapping[str, float]) -> dict[Band, float]:
+        """Nominal band shares of this model (band -> fraction of total); empty = no band limits."""
+        chosen = default if self.band_shares is None else self.band_shares
+        return {Band[name.upper()]: share for name, share in chosen.items()}
 
     def check(self, path: str) -> None:
         for name in ("total", "tenant", "queue_max"):
             _at_least(f"{path}.{name}", getattr(self, name), 0)
         if self.prefix_mode:
             _one_of(f"{path}.prefix_mode", self.prefix_mode, PREFIX_MODES)
+        if self.band_shares is not None:
+            _check_shares(f"{path}.band_shares", self.band_shares)
 
 
 @dataclass(frozen=True)
@@ -281,11 +296,18 @@ def _convert(hint: Any, value: object, path: str) -> Any:
     if hint is object:
         return value
     if origin in (typing.Union, types.UnionType):
-        raise TypeError(f"unsupported config type {hint} at {path}")
+        present = [h for h in typing.get_args(hint) if h is not type(None)]
+        if len(present) != 1:
+            raise TypeError(f"unsupported config type {hint} at {path}")
+        return _convert(present[0], value, path)  # `X | None`: absent from TOML = None
     if hint is bool:
         if not isinstance(value, bool):
             raise ConfigError(path, value, "must be true or false")
         return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(path, value, "must be a number")
+        return float(value)
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(path, value, "must be an integer")
@@ -304,6 +326,15 @@ def _join(path: str, key: str) -> str:
 def _at_least(path: str, value: int, low: int) -> None:
     if value < low:
         raise ConfigError(path, value, f"must be >= {low}")
+
+
+def _check_shares(path: str, shares: Mapping[str, float]) -> None:
+    for band, share in shares.items():
+        _one_of(f"{path}.{band}", band, BAND_NAMES)
+        if not 0 <= share <= 1:
+            raise ConfigError(f"{path}.{band}", share, "must be between 0 and 1")
+    if sum(shares.values()) > 1 + 1e-9:
+        raise ConfigError(path, dict(shares), "shares must add up to at most 1")
 
 
 def _one_of(path: str, value: str, choices: tuple[str, ...]) -> None:

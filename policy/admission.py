@@ -272,6 +272,9 @@ def default_quota(
     high and normal bands may borrow whatever lower bands leave unused, the low band may not."""
     total = max(1, workers * per_worker_concurrency)
     band = {b: int(total * shares.get(b, 0.0)) for b in Band}
+    for b in sorted(Band, reverse=True):  # a band with a share gets a seat when the total allows:
+        if shares.get(b, 0.0) > 0 and band[b] == 0 and sum(band.values()) < total:
+            band[b] = 1  # int() of a small total's share would otherwise starve it
     band[Band.HIGH] += total - sum(band.values())  # rounding remainder to the online band
     return Quota(total=total, band=band, borrow={Band.HIGH: total, Band.NORMAL: total, Band.LOW: 0})
 
