@@ -122,10 +122,15 @@ class ModelSection:
     tenant: int = 0  # cap per tenant; 0 = none
     queue_max: int = 0  # waiters per band queue; 0 = the admission default
     count_seats: bool = False  # true: a request costs seats by its size (policy/admission.py seat_count)
+    # two-step admission, when the chosen worker is at its max_concurrency: "reroute" tries the next
+    # best workers (up to reroute_attempts), then waits; "wait" waits for that worker (docs/ADMISSION.md)
+    on_worker_full: str = "reroute"
+    reroute_attempts: int = 2
 
     def check(self, path: str) -> None:
-        for name in ("total", "tenant", "queue_max"):
+        for name in ("total", "tenant", "queue_max", "reroute_attempts"):
             _at_least(f"{path}.{name}", getattr(self, name), 0)
+        _one_of(f"{path}.on_worker_full", self.on_worker_full, ("reroute", "wait"))
 
 
 @dataclass(frozen=True)

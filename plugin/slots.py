@@ -54,6 +54,7 @@ class Lease:
     seats: int
     queued_s: float  # time spent waiting for the grant
     worker: str | None = None  # the worker it is placed on (two-step admission), None = not placed
+    waited: bool = False  # granted after waiting in the global queue (step one held it)
 
 
 class AdmissionRejected(Exception):
@@ -154,6 +155,7 @@ class SlotPool:
         self._channel = channel
         self._held: dict[str, Lease] = {}
         self._waiters: dict[str, asyncio.Future[None]] = {}
+        self._freed: dict[str, asyncio.Future[None]] = {}  # model -> resolved by a placed lease's release
         self._pubsub: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self.leases_lost = 0  # leases that expired before renewal (a stalled loop or Redis outage)
@@ -241,11 +243,11 @@ class SlotPool:
                 break
             try:
                 await asyncio.wait_for(asyncio.shield(granted), min(remaining, self.recheck_every_s))
-                return self._hold(ticket, seats, start)
+                return self._hold(ticket, seats, start, waited=True)
             except TimeoutError:
                 check = await self.scripts.check(ticket.model, ticket.request_id)
                 if check.status == CheckStatus.HELD:
-                    return self._hold(ticket, seats, start)
+                    return self._hold(ticket, seats, start, waited=True)
                 if check.status == CheckStatus.GONE:
                     break  # Redis dropped us: our wait budget ran out there first
                 est = estimated_wait_s(check.ahead, check.capacity, check.hold_ms / 1000)
@@ -254,9 +256,13 @@ class SlotPool:
             est_wait_s=est,
         )  # fmt: skip
 
-    def _hold(self, ticket: Ticket, seats: int, start: float, worker: str | None = None) -> Lease:
+    def _hold(
+        self, ticket: Ticket, seats: int, start: float, worker: str | None = None, waited: bool = False
+    ) -> Lease:
         queued_s = time.monotonic() - start
-        lease = Lease(ticket.request_id, ticket.model, ticket.band, ticket.tenant, seats, queued_s, worker)
+        lease = Lease(
+            ticket.request_id, ticket.model, ticket.band, ticket.tenant, seats, queued_s, worker, waited
+        )
         self._held[lease.request_id] = lease
         return lease
 
@@ -280,6 +286,23 @@ class SlotPool:
         if self._held.pop(lease.request_id, None) is None:
             return
         await self.scripts.release(lease.model, lease.request_id)
+        if lease.worker is not None:
+            freed = self._freed.pop(lease.model, None)
+            if freed is not None and not freed.done():
+                freed.set_result(None)
+
+    async def room_freed(self, model: str, timeout_s: float) -> bool:
+        """Wait until this process releases a lease placed on a worker of `model` (that worker has a
+        free place now, unless another request took it), or `timeout_s` passes; True if signalled.
+        Releases by other gateways are not signalled: callers re-check after the timeout."""
+        freed = self._freed.get(model)
+        if freed is None or freed.done():
+            freed = self._freed[model] = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(freed), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     async def _leave(self, model: str, rid: str) -> None:
         reply = await self.scripts.release(model, rid)
