@@ -12,7 +12,8 @@ same round trip as the quota (docs/ADMISSION.md "Two-step admission"):
                  and place(lease, w'); w' full -> reroute: the next workers, then wait; wait: wait for w'
     waiting for a worker = hold a seat (acquire without a worker, in fair queue order if the quota
     is full) and place(lease, w) again after every release of a placed lease of the model by this
-    process, and at least every WORKER_RECHECK_S (releases by other gateways are not signalled);
+    process, and at least every WORKER_RECHECK_S (releases by other gateways are not signalled); in
+    wait mode w stays the chosen worker, in reroute mode w is the routing choice of the moment;
     within the request's wait budget, else WaitBudgetExceeded (429). A request that may not wait
     (budget 0) gets WorkerFull (503) when every worker tried is full.
 
@@ -131,7 +132,8 @@ class Placement:
         return await self._wait_for(first)
 
     async def _wait_for(self, target: Route) -> Placed | None:
-        """Hold the seat until `target`'s worker has room (choosing again if it leaves the pool)."""
+        """Hold the seat until `target`'s worker has room; in reroute mode (and when it leaves the
+        pool) the routing choice of the moment, so whichever worker frees first takes the request."""
         assert self.lease is not None
         pool, model = self.gate.pool, self.ticket.model
         while True:
@@ -150,7 +152,7 @@ class Placement:
                     retry_after_s=1.0, est_wait_s=0.0,
                 )  # fmt: skip
             await pool.room_freed(model, min(remaining, WORKER_RECHECK_S))
-            if all(w.id != target.worker.id for w in self.gate.routable(model)):
+            if self.reroute or all(w.id != target.worker.id for w in self.gate.routable(model)):
                 chosen = self.plan(())
                 if chosen is None:
                     return None
