@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bench.live_scenarios import TenantPromptsScenario
 from bench.loadgen import LiveResult, percentile, run_open_loop
+from bench.sim.profiles import load_profile
 from bench.stack import Stack
 
 WORKERS = 4
@@ -129,7 +130,11 @@ def main(argv: list[str]) -> int:
                     worker_id, model=scenario.model, profile=PROFILE, time_scale=1.0,
                     extra=["--num-gpu-blocks", str(NUM_GPU_BLOCKS)],
                 )  # fmt: skip
-                stack.start_agent(worker_id, url, model=scenario.model)
+                # the agent registers the engine's max_num_seqs: two-step admission checks it
+                max_seqs = load_profile(PROFILE).max_num_seqs
+                stack.start_agent(
+                    worker_id, url, model=scenario.model, extra=["--max-concurrency", str(max_seqs)]
+                )
             runs = []
             for policy in ("kvgate", "round_robin"):
                 print(f"replaying {scenario.requests} requests with {policy} routing ...", file=sys.stderr)
