@@ -54,7 +54,6 @@ class Lease:
     seats: int
     queued_s: float  # time spent waiting for the grant
     worker: str | None = None  # the worker it is placed on (two-step admission), None = not placed
-    waited: bool = False  # granted after waiting in the global queue (step one held it)
 
 
 class AdmissionRejected(Exception):
@@ -243,11 +242,11 @@ class SlotPool:
                 break
             try:
                 await asyncio.wait_for(asyncio.shield(granted), min(remaining, self.recheck_every_s))
-                return self._hold(ticket, seats, start, waited=True)
+                return self._hold(ticket, seats, start)
             except TimeoutError:
                 check = await self.scripts.check(ticket.model, ticket.request_id)
                 if check.status == CheckStatus.HELD:
-                    return self._hold(ticket, seats, start, waited=True)
+                    return self._hold(ticket, seats, start)
                 if check.status == CheckStatus.GONE:
                     break  # Redis dropped us: our wait budget ran out there first
                 est = estimated_wait_s(check.ahead, check.capacity, check.hold_ms / 1000)
@@ -256,13 +255,9 @@ class SlotPool:
             est_wait_s=est,
         )  # fmt: skip
 
-    def _hold(
-        self, ticket: Ticket, seats: int, start: float, worker: str | None = None, waited: bool = False
-    ) -> Lease:
+    def _hold(self, ticket: Ticket, seats: int, start: float, worker: str | None = None) -> Lease:
         queued_s = time.monotonic() - start
-        lease = Lease(
-            ticket.request_id, ticket.model, ticket.band, ticket.tenant, seats, queued_s, worker, waited
-        )
+        lease = Lease(ticket.request_id, ticket.model, ticket.band, ticket.tenant, seats, queued_s, worker)
         self._held[lease.request_id] = lease
         return lease
 

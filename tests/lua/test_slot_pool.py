@@ -294,6 +294,22 @@ async def test_two_step_admission_worker_full_and_place_after_wait(
         await b.place(placed, "w1")
 
 
+async def test_release_of_a_placed_lease_signals_room_on_its_model(
+    redis: aioredis.Redis, pools: tuple[SlotPool, SlotPool]
+) -> None:
+    a, _ = pools
+    placed = await a.acquire(ticket("a"), worker="w1")
+    unplaced = await a.acquire(ticket("b"))
+    before = asyncio.ensure_future(a.room_freed(M, 0.2))
+    await a.release(unplaced)  # frees no worker's place: no signal
+    assert await before is False  # timed out
+    waiting = asyncio.ensure_future(a.room_freed(M, 5))
+    other_model = asyncio.ensure_future(a.room_freed("other", 0.2))
+    await a.release(placed)
+    assert await asyncio.wait_for(waiting, 5) is True
+    assert await other_model is False  # nothing of that model was released
+
+
 async def test_live_leases_lists_unexpired_leases_for_the_audit(
     redis: aioredis.Redis, pools: tuple[SlotPool, SlotPool]
 ) -> None:
