@@ -94,7 +94,8 @@ class Placement:
         first = route = self._plan(tried)
         while route is not None:  # steps one and two in one round trip
             try:
-                self.lease = await pool.acquire(ticket, worker=route.worker.id)
+                # not headed for the worker while queued for a seat: give the reservation back
+                self.lease = await pool.acquire(ticket, worker=route.worker.id, on_queued=self._unreserve)
             except WorkerFull:
                 tried.append(self._turned_down(route))
                 route = self._next(tried)
@@ -102,7 +103,7 @@ class Placement:
             if self.lease.worker is not None:
                 return self._done()
             self.held_by = "quota"  # granted after waiting: route again
-            self._unreserve()
+            self._unreserve()  # (done already when the wait began)
             return await self._place(first)
         if first is None:
             return None

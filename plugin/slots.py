@@ -18,6 +18,7 @@ import json
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,9 +197,12 @@ class SlotPool:
         snap["est_wait_s"] = estimated_wait_s(queued, capacity, snap["hold_ms"] / 1000) if queued else 0.0
         return snap
 
-    async def acquire(self, ticket: Ticket, worker: str | None = None) -> Lease:
-        """Seats for `ticket`, waiting up to its budget. Raises QueueFull, WaitBudgetExceeded or
-        AdmissionRejected (no seat and max_wait_s = 0). Cancellation-safe.
+    async def acquire(
+        self, ticket: Ticket, worker: str | None = None, on_queued: Callable[[], None] | None = None
+    ) -> Lease:
+        """Seats for `ticket`, waiting up to its budget (`on_queued` is called when the wait starts).
+        Raises QueueFull, WaitBudgetExceeded or AdmissionRejected (no seat and max_wait_s = 0).
+        Cancellation-safe.
 
         With `worker` (the routing choice), the same round trip also checks that worker's capacity and
         raises WorkerFull if it has none; the lease is placed on it if admitted at once. A request that
@@ -222,6 +226,8 @@ class SlotPool:
             if reply.code in (AdmitCode.QUEUE_FULL, AdmitCode.NO_SEAT, AdmitCode.WORKER_FULL):
                 settled = True
                 raise _rejection(ticket, reply.code, est)
+            if on_queued is not None:
+                on_queued()
             lease = await self._wait(ticket, granted, reply.seats, start, est)
             settled = True
             return lease

@@ -182,3 +182,28 @@ async def test_release_of_a_placed_lease_frees_its_worker(gate: KvGate) -> None:
     await asyncio.wait_for(task, 5)
     state = state_of(third)
     assert state is not None and state.lease is not None and state.lease.worker == "w0"
+
+
+async def test_queued_for_a_seat_then_routed_again_and_placed(gate: KvGate, other: SlotPool) -> None:
+    # the quota (10) is full: 9 requests of another gateway nowhere in particular, one on w1
+    loose = [await other.acquire(Ticket(f"loose-{i}", MODEL, Band.NORMAL, "t")) for i in range(9)]
+    (on_w1,) = await fill(other, "w1")
+    flow = request_flow()
+    task = asyncio.ensure_future(gate.request(flow))  # round robin: w0, which has room: queued for a seat
+    await until(lambda: gate.waiters != {}, "the request to queue")
+    await until(lambda: sum(gate.router.model(MODEL).inflight.values()) == 0, "the reservation back")
+    await other.release(loose[0])  # a seat frees: granted, routed again (round robin: w1, full)
+    if mode(gate) == "reroute":
+        await asyncio.wait_for(task, 5)  # -> the next worker, w0
+        worker, expect = "w0", {"held_by": "worker", "reroutes": 1, "worker_full": 1}
+    else:
+        await until(lambda: gate.metrics.worker_full.get(MODEL, "w1") == 1, "w1 to turn it down")
+        assert not task.done()
+        await other.release(on_w1)
+        await asyncio.wait_for(task, 5)
+        worker, expect = "w1", {"held_by": "worker", "reroutes": 0, "worker_full": 1}
+    state = state_of(flow)
+    assert state is not None and state.lease is not None and state.route is not None
+    assert (state.lease.worker, state.route.worker.id) == (worker, worker)
+    assert held(flow) == expect
+    assert gate.router.model(MODEL).inflight == {"w0": int(worker == "w0"), "w1": int(worker == "w1")}
