@@ -11,8 +11,9 @@ same round trip as the quota (docs/ADMISSION.md "Two-step admission"):
       no seat (queued): granted later without a worker; route again (the cluster changed meanwhile)
                  and place(lease, w'); w' full -> reroute: the next workers, then wait; wait: wait for w'
     waiting for a worker = hold a seat (acquire without a worker, in fair queue order if the quota
-    is full) and place(lease, w) again after every release of a placed lease of the model by this
-    process, and at least every WORKER_RECHECK_S (releases by other gateways are not signalled); in
+    is full) and place(lease, w) again at every sign that a worker of the model has room (a release
+    of a placed lease by this process; a message from any gateway's release that took a worker from
+    full to one free place: SlotPool.room_signal) and at least every WORKER_RECHECK_S; in
     wait mode w stays the chosen worker, in reroute mode w is the routing choice of the moment;
     within the request's wait budget, else WaitBudgetExceeded (429). A request that may not wait
     (budget 0) gets WorkerFull (503) when every worker tried is full.
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from plugin.config import ModelSection
     from plugin.routing import Route
 
-WORKER_RECHECK_S = 0.1  # poll period while waiting for a worker (its releases by other gateways)
+WORKER_RECHECK_S = 0.5  # re-check period while waiting for a worker (places freed by expired leases)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +139,7 @@ class Placement:
         assert self.lease is not None
         pool, model = self.gate.pool, self.ticket.model
         while True:
+            signal = pool.room_signal(model)  # before trying: a release meanwhile is not missed
             try:
                 self.lease = await pool.place(self.lease, target.worker.id)
             except WorkerFull:
@@ -152,7 +154,7 @@ class Placement:
                     f"waited {self.ticket.max_wait_s:g} s for room on worker {target.worker.id}",
                     retry_after_s=1.0, est_wait_s=0.0,
                 )  # fmt: skip
-            await pool.room_freed(model, min(remaining, WORKER_RECHECK_S))
+            await pool.room_freed(model, min(remaining, WORKER_RECHECK_S), signal)
             if self.reroute or all(w.id != target.worker.id for w in self.gate.routable(model)):
                 chosen = self.plan(())
                 if chosen is None:

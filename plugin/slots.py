@@ -286,19 +286,31 @@ class SlotPool:
         """Give the seats back (one round trip); a second call for the same lease does nothing."""
         if self._held.pop(lease.request_id, None) is None:
             return
-        await self.scripts.release(lease.model, lease.request_id)
+        await self.scripts.release(lease.model, lease.request_id, worker=lease.worker)
         if lease.worker is not None:
-            freed = self._freed.pop(lease.model, None)
-            if freed is not None and not freed.done():
-                freed.set_result(None)
+            self._room(lease.model)
 
-    async def room_freed(self, model: str, timeout_s: float) -> bool:
-        """Wait until this process releases a lease placed on a worker of `model` (that worker has a
-        free place now, unless another request took it), or `timeout_s` passes; True if signalled.
-        Releases by other gateways are not signalled: callers re-check after the timeout."""
+    def _room(self, model: str) -> None:
+        freed = self._freed.pop(model, None)
+        if freed is not None and not freed.done():
+            freed.set_result(None)
+
+    def room_signal(self, model: str) -> asyncio.Future[None]:
+        """Resolved at the next sign that a worker of `model` may have a free place: this process
+        released a lease placed on a worker, or any gateway's release took a worker from full to one
+        free place (a message on the grants channel). Take it before trying a worker, so that a
+        release during the try is not missed. A place freed by an expired lease gives no sign."""
         freed = self._freed.get(model)
         if freed is None or freed.done():
             freed = self._freed[model] = asyncio.get_running_loop().create_future()
+        return freed
+
+    async def room_freed(
+        self, model: str, timeout_s: float, signal: asyncio.Future[None] | None = None
+    ) -> bool:
+        """Wait for `signal` (default: the model's next one, see `room_signal`) up to `timeout_s`;
+        True if it came."""
+        freed = signal if signal is not None else self.room_signal(model)
         try:
             await asyncio.wait_for(asyncio.shield(freed), timeout_s)
         except TimeoutError:
@@ -327,6 +339,9 @@ class SlotPool:
             ids = json.loads(data)
         except ValueError:
             logger.warning("bad admission grant message: %r", data)
+            return
+        if isinstance(ids, dict) and isinstance(ids.get("freed"), str):
+            self._room(ids["freed"])
             return
         for rid in ids if isinstance(ids, list) else []:
             future = self._waiters.get(str(rid))

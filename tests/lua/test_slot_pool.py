@@ -310,6 +310,20 @@ async def test_release_of_a_placed_lease_signals_room_on_its_model(
     assert await other_model is False  # nothing of that model was released
 
 
+async def test_a_worker_no_longer_full_is_announced_to_other_gateways(
+    redis: aioredis.Redis, pools: tuple[SlotPool, SlotPool]
+) -> None:
+    a, b = pools
+    await redis.hset(keys.worker(M, "w1"), "max_concurrency", 2)
+    one, two = [await a.acquire(ticket(rid), worker="w1") for rid in ("a1", "a2")]  # w1 full
+    signal = b.room_signal(M)
+    await a.release(one)  # full -> one free place: announced
+    assert await b.room_freed(M, 5, signal) is True
+    quiet = b.room_signal(M)
+    await a.release(two)  # w1 was not full: no message
+    assert await b.room_freed(M, 0.3, quiet) is False
+
+
 async def test_live_leases_lists_unexpired_leases_for_the_audit(
     redis: aioredis.Redis, pools: tuple[SlotPool, SlotPool]
 ) -> None:
