@@ -322,6 +322,18 @@ async def test_a_worker_no_longer_full_is_announced_to_other_gateways(
     quiet = b.room_signal(M)
     await a.release(two)  # w1 was not full: no message
     assert await b.room_freed(M, 0.3, quiet) is False
+    await redis.hset(keys.worker(M, "w1"), "max_concurrency", 1)
+    wake_ms = []  # for the report (pytest -s -k announced): from before A's release to B's signal
+    for i in range(50):
+        lease = await a.acquire(ticket(f"w{i}"), worker="w1")
+        signal = b.room_signal(M)
+        started = time.perf_counter()
+        await a.release(lease)
+        assert await b.room_freed(M, 5, signal) is True
+        wake_ms.append((time.perf_counter() - started) * 1000)
+    cuts = statistics.quantiles(wake_ms, n=100)
+    p50 = statistics.median(wake_ms)
+    print(f"worker-freed wake-up across gateways: p50 {p50:.2f} ms, p99 {cuts[98]:.2f} ms")
 
 
 async def test_live_leases_lists_unexpired_leases_for_the_audit(
