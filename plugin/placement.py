@@ -101,53 +101,60 @@ class Placement:
                 tried.append(self._turned_down(route))
                 route = self._next(tried)
                 continue
-            if self.lease.worker is not None:
-                return self._done()
+            lease = self.lease
+            if lease.worker is not None:
+                return self._done(lease, route)
             self.held_by = "quota"  # granted after waiting: route again
             self._unreserve()  # (done already when the wait began)
-            return await self._place(first)
+            return await self._place(lease, first)
         if first is None:
             return None
         if ticket.max_wait_s <= 0:
             raise WorkerFull(f"every worker tried for {ticket.model} is full", retry_after_s=1, est_wait_s=0)
-        self.lease = await pool.acquire(ticket)  # a seat, to hold while waiting for the worker
-        return await self._wait_for(first)
+        self.lease = lease = await pool.acquire(ticket)  # a seat, to hold while waiting for the worker
+        return await self._wait_for(lease, first)
 
-    async def _place(self, first: Route | None) -> Placed | None:
+    async def _place(self, lease: Lease, first: Route | None) -> Placed | None:
         """Place a lease granted after waiting: on the new routing choice, else per mode."""
-        assert self.lease is not None
         tried: list[str] = []
         route = self._plan(tried)
         first = route or first
         while route is not None:
             if route.worker.max_concurrency <= 0:  # capacity unknown: no step two
-                return self._done()
+                return self._done(lease, route)
             try:
-                self.lease = await self.gate.pool.place(self.lease, route.worker.id)
+                self.lease = lease = await self.gate.pool.place(lease, route.worker.id)
             except WorkerFull:
                 tried.append(self._turned_down(route))
                 route = self._next(tried)
                 continue
-            return self._done()
-        if first is None or not self.gate.routable(self.ticket.model):
+            return self._done(lease, route)
+        if first is None:
             return None
-        return await self._wait_for(first)
+        return await self._wait_for(lease, first)
 
-    async def _wait_for(self, target: Route) -> Placed | None:
+    async def _wait_for(self, lease: Lease, target: Route) -> Placed | None:
         """Hold the seat until `target`'s worker has room; in reroute mode (and when it leaves the
         pool) the routing choice of the moment, so whichever worker frees first takes the request."""
-        assert self.lease is not None
         pool, model = self.gate.pool, self.ticket.model
+        tries = 0
         while True:
+            if (self.reroute and tries) or all(w.id != target.worker.id for w in self.gate.routable(model)):
+                chosen = self.plan(())
+                if chosen is None:
+                    return None
+                self.gate.router.finished(chosen)  # reserved again once placed
+                target = chosen
+            tries += 1
             signal = pool.room_signal(model)  # before trying: a release meanwhile is not missed
             try:
-                self.lease = await pool.place(self.lease, target.worker.id)
+                self.lease = lease = await pool.place(lease, target.worker.id)
             except WorkerFull:
                 pass
             else:
                 self.gate.router.reserve(target)
                 self.route = target
-                return self._done()
+                return self._done(lease, target)
             remaining = self.deadline - now_s()
             if remaining <= 0:
                 raise WaitBudgetExceeded(
@@ -155,12 +162,6 @@ class Placement:
                     retry_after_s=1.0, est_wait_s=0.0,
                 )  # fmt: skip
             await pool.room_freed(model, min(remaining, WORKER_RECHECK_S), signal)
-            if self.reroute or all(w.id != target.worker.id for w in self.gate.routable(model)):
-                chosen = self.plan(())
-                if chosen is None:
-                    return None
-                self.gate.router.finished(chosen)  # reserved again once placed
-                target = chosen
 
     # -- helpers -------------------------------------------------------------------------------------
     def _plan(self, exclude: Collection[str]) -> Route | None:
@@ -189,9 +190,7 @@ class Placement:
             self.gate.router.finished(self.route)
             self.route = None
 
-    def _done(self) -> Placed:
-        lease, route = self.lease, self.route
-        assert lease is not None and route is not None
+    def _done(self, lease: Lease, route: Route) -> Placed:
         self.gate.router.record(route)
         self.lease = self.route = None  # the flow owns them now (released by plugin/release.py)
         return Placed(lease, route, self.held_by, self.reroutes, self.full)
