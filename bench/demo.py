@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bench.live_scenarios import TenantPromptsScenario
 from bench.loadgen import LiveResult, percentile, run_open_loop
+from bench.sim.profiles import load_profile
 from bench.stack import Stack
 
 WORKERS = 4
@@ -39,8 +40,8 @@ class RunSummary:
     errors: int
 
 
-def gateway_config(policy: str, model: str) -> str:
-    return f'[routing]\npolicy = "{policy}"\n\n[models."{model}"]\n'
+def gateway_config(policy: str, model: str, on_worker_full: str = "reroute") -> str:
+    return f'[routing]\npolicy = "{policy}"\n\n[models."{model}"]\non_worker_full = "{on_worker_full}"\n'
 
 
 def prefix_cache_counters(worker_urls: list[str]) -> tuple[float, float]:
@@ -79,9 +80,15 @@ def summarize(
     )
 
 
-def run_policy(stack: Stack, policy: str, scenario: TenantPromptsScenario, work_dir: Path) -> RunSummary:
+def run_policy(
+    stack: Stack,
+    policy: str,
+    scenario: TenantPromptsScenario,
+    work_dir: Path,
+    on_worker_full: str = "reroute",
+) -> RunSummary:
     config = work_dir / f"gateway-{policy}.toml"
-    config.write_text(gateway_config(policy, scenario.model))
+    config.write_text(gateway_config(policy, scenario.model, on_worker_full))
     gateway = stack.start_gateway(policy, config=config)
     reset_caches(stack.worker_urls)
     hits0, queries0 = prefix_cache_counters(stack.worker_urls)
@@ -116,7 +123,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--requests", type=int, default=240)
     parser.add_argument("--rate", type=float, default=8.0, help="requests per second (open loop)")
     parser.add_argument("--logs", type=Path, help="keep process logs here (default: a temporary directory)")
+    parser.add_argument(
+        "--max-concurrency", type=int, default=0,
+        help="each worker's max_concurrency as its agent registers it (0: the engine's max_num_seqs)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--on-worker-full", choices=("reroute", "wait"), default="reroute",
+        help="two-step admission when the chosen worker is full (docs/ADMISSION.md)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    max_seqs = args.max_concurrency or load_profile(PROFILE).max_num_seqs
     scenario = TenantPromptsScenario(requests=args.requests, rate_rps=args.rate)
     with tempfile.TemporaryDirectory(prefix="kvgate-demo-") as tmp:
         work_dir = args.logs or Path(tmp)
@@ -129,11 +145,14 @@ def main(argv: list[str]) -> int:
                     worker_id, model=scenario.model, profile=PROFILE, time_scale=1.0,
                     extra=["--num-gpu-blocks", str(NUM_GPU_BLOCKS)],
                 )  # fmt: skip
-                stack.start_agent(worker_id, url, model=scenario.model)
+                # the agent registers the worker's concurrency: two-step admission checks it
+                stack.start_agent(
+                    worker_id, url, model=scenario.model, extra=["--max-concurrency", str(max_seqs)]
+                )
             runs = []
             for policy in ("kvgate", "round_robin"):
                 print(f"replaying {scenario.requests} requests with {policy} routing ...", file=sys.stderr)
-                runs.append(run_policy(stack, policy, scenario, work_dir))
+                runs.append(run_policy(stack, policy, scenario, work_dir, args.on_worker_full))
     runs.sort(key=lambda r: r.policy)  # kvgate, round_robin
     print_table(runs, scenario)
     if args.json:

@@ -1,12 +1,15 @@
-"""Admission, the second child on a completion request: hold it until it has a global slot.
+"""Admission, the second child on a completion request: a global slot on a worker with room.
 
-The slot pool (plugin/slots.py) takes a slot in one Redis round trip when one is free, else queues
-the request in the global priority queue that all gateways share. While it waits, the request's
+Two-step admission (plugin/placement.py): the request is routed first (memory only), then the slot
+pool (plugin/slots.py) takes a seat and checks the chosen worker's capacity in one Redis round trip
+when both have room. Otherwise the request waits in the global priority queue that all gateways
+share, or for a worker (rerouted first, per model: `on_worker_full`). While it waits, the request's
 client may leave: `KvGate.client_disconnected` cancels the wait (the pool is cancellation-safe: the
-waiter leaves the queue and a slot granted in the race is released) and the flow is killed, so it
-never reaches a worker. A full queue or an exhausted wait budget answers 429 with `Retry-After`
-and the estimated wait. Under sustained pressure (policy/pressure.py) a low-priority request is shed
-at the door: 429 `shed` with an `x-kvgate-shed` header, before it takes a seat or a queue place.
+waiter leaves the queue, a slot granted in the race or held while waiting for a worker is released)
+and the flow is killed, so it never reaches a worker. A full queue or an exhausted wait budget
+answers 429 with `Retry-After` and the estimated wait.
+Under sustained pressure (policy/pressure.py) a low-priority request is shed at the door: 429
+`shed` with an `x-kvgate-shed` header, before it takes a seat or a queue place.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ from typing import TYPE_CHECKING
 
 from mitmproxy import http
 
+from plugin.config import ModelSection
 from plugin.context import accepted, fail_closed, now_s
 from plugin.errors import GatewayError
-from plugin.slots import AdmissionRejected, Lease, SlotPool, Ticket
+from plugin.placement import Placed, Placement
+from plugin.slots import AdmissionRejected, Ticket
 from plugin.tasks import spawn
 from policy.admission import seat_count
 
@@ -27,16 +32,11 @@ if TYPE_CHECKING:
     from plugin.routing import Prompt
 
 
-async def acquire_or_rejection(pool: SlotPool, ticket: Ticket) -> Lease | AdmissionRejected:
-    """The lease, or the rejection as a value (a task's expected outcome, not an error to log)."""
-    try:
-        return await pool.acquire(ticket)
-    except AdmissionRejected as e:
-        return e
+DEFAULT_MODEL = ModelSection()
 
 
 class Admission:
-    """Child addon: take a slot lease for the request (one Redis round trip when free)."""
+    """Child addon: route, then take a slot lease on that worker (one Redis round trip when free)."""
 
     def __init__(self, gate: KvGate) -> None:
         self.gate = gate
@@ -66,7 +66,11 @@ class Admission:
         if client.timestamp_end is not None:  # left before we got here
             _kill(flow)
             return
-        task = spawn(acquire_or_rejection(gate.pool, ticket), name=f"kvgate-acquire-{state.request_id}")
+        section = gate.config.models.get(parsed.model, DEFAULT_MODEL)
+        placement = Placement(
+            gate, ticket, section, lambda exclude: gate.dispatch.plan(state, parsed, caller, exclude)
+        )
+        task = spawn(placement.run(), name=f"kvgate-acquire-{state.request_id}")
         waiting = gate.waiters.setdefault(client.id, set())
         waiting.add(task)
         gate.queued[parsed.model] = gate.queued.get(parsed.model, 0) + 1
@@ -82,12 +86,19 @@ class Admission:
             _kill(flow)
             return
         result = task.result()
+        if result is None:
+            flow.response = GatewayError(
+                503, "no_healthy_worker", f"no healthy worker for {parsed.model!r}", retry_after_s=1
+            ).to_response()
+            return
         if isinstance(result, AdmissionRejected):
             gate.metrics.rejected.inc(parsed.model, result.reason)
             raise_as_response(flow, result)
             return
-        state.lease = result
+        state.lease, state.route = result.lease, result.route
         state.queued_s = now_s() - started
+        if result.held_by:
+            state.extra["admission"] = held_record(result)
         gate.metrics.admission_wait.observe(state.queued_s, parsed.model, state.band_name)
 
     def seats(self, model: str, prompt: Prompt, max_tokens: int) -> int:
@@ -98,6 +109,11 @@ class Admission:
             return 1
         hit_tokens = self.gate.router.best_hit_tokens(model, prompt)
         return seat_count(prompt.prompt_tokens - hit_tokens, max_tokens)
+
+
+def held_record(placed: Placed) -> dict[str, object]:
+    """Which step held the request, for the decision record and the response headers."""
+    return {"held_by": placed.held_by, "reroutes": placed.reroutes, "worker_full": placed.worker_full}
 
 
 def raise_as_response(flow: http.HTTPFlow, rejected: AdmissionRejected) -> None:

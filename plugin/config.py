@@ -143,13 +143,19 @@ class ModelSection:
         chosen = default if self.band_shares is None else self.band_shares
         return {Band[name.upper()]: share for name, share in chosen.items()}
 
+    # two-step admission, when the chosen worker is at its max_concurrency: "reroute" tries the next
+    # best workers (up to reroute_attempts), then waits; "wait" waits for that worker (docs/ADMISSION.md)
+    on_worker_full: str = "reroute"
+    reroute_attempts: int = 2
+
     def check(self, path: str) -> None:
-        for name in ("total", "tenant", "queue_max"):
+        for name in ("total", "tenant", "queue_max", "reroute_attempts"):
             _at_least(f"{path}.{name}", getattr(self, name), 0)
         if self.prefix_mode:
             _one_of(f"{path}.prefix_mode", self.prefix_mode, PREFIX_MODES)
         if self.band_shares is not None:
             _check_shares(f"{path}.band_shares", self.band_shares)
+        _one_of(f"{path}.on_worker_full", self.on_worker_full, ("reroute", "wait"))
 
 
 @dataclass(frozen=True)

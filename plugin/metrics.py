@@ -120,6 +120,11 @@ class GatewayMetrics:
         self.queue_length = Gauge(
             "kvgate_queue_length", "Requests of this gateway waiting for a slot.", ("model",)
         )
+        self.worker_full = Counter(
+            "kvgate_worker_full_total",
+            "Requests turned down by a worker at its max_concurrency (two-step admission).",
+            ("model", "worker"),
+        )
         self.global_queue = Gauge(
             "kvgate_global_queue_length",
             "Requests of all gateways waiting for a slot (Redis).",

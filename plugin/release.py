@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+NOT_HELD = {"held_by": None, "reroutes": 0, "worker_full": 0}  # admitted at once on the first choice
 CONNECT_FAILURE_MARKERS = ("connect", "refused", "unreachable", "name or service")
 
 
@@ -43,6 +44,9 @@ class Release:
                 response.headers["x-kvgate-worker"] = state.route.worker.id
             if state.lease is not None or state.queued_s:
                 response.headers["x-kvgate-queued-ms"] = str(round(state.queued_s * 1000))
+            if (held := state.extra.get("admission")) is not None:  # which admission step held it
+                response.headers["x-kvgate-held-by"] = held["held_by"]
+                response.headers["x-kvgate-reroutes"] = str(held["reroutes"])
             response.headers["x-kvgate-request-id"] = state.request_id
         if state.route is None:
             return  # answered locally
@@ -117,6 +121,7 @@ class Release:
             "status": status,
             "error": error,
             "latency_ms": round((time.monotonic() - state.received_at) * 1000, 3),
+            **state.extra.get("admission", NOT_HELD),
         }
         if usage is not None:
             if usage.first_token_at is not None:

@@ -27,7 +27,7 @@ import logging
 import random
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -52,7 +52,10 @@ from policy.types import Band, Decision, RequestView, WorkerView
 
 if TYPE_CHECKING:
     from plugin.addon import KvGate
+    from plugin.auth import Caller
+    from plugin.context import FlowState
     from plugin.metrics import GatewayMetrics
+    from plugin.parse import ParsedRequest
 
 logger = logging.getLogger(__name__)
 
@@ -245,8 +248,13 @@ class Router:
         band: Band,
         tenant: str,
         workers: Sequence[WorkerRecord],
+        record: bool = True,
     ) -> Route | None:
-        """The route for a request among routable `workers`, or None if the policy rejects them all."""
+        """The route for a request among routable `workers`, or None if the policy rejects them all.
+
+        The route's load is reserved at once (so concurrent decisions see it); with `record=False` the
+        routing history (index, stickiness) is written only by `record()`, once the request is placed
+        (two-step admission may turn the worker down: `finished()` then gives the reservation back)."""
         if not workers:
             return None
         now = time.monotonic()
@@ -260,13 +268,32 @@ class Router:
         decision = self._decide(view, views, now)
         if decision.worker is None:
             return None
-        routing.state.commit(view, decision, now)
         worker = next(w for w in workers if w.id == decision.worker)
-        routing.inflight[worker.id] += 1
-        routing.pending_prefill[worker.id] += max(0, view.prompt_tokens - view.hit_tokens(worker.id))
-        if self.section.write_index and self.redis is not None and prompt.hashes and not routing.exact:
-            self._queue_index_write(model, worker, prompt.hashes)
-        return Route(model, worker, self.upstream(worker.url), decision, view)
+        route = Route(model, worker, self.upstream(worker.url), decision, view)
+        self.reserve(route)
+        if record:
+            self.record(route)
+        return route
+
+    def reserve(self, route: Route) -> None:
+        """Count the route's request as in flight on its worker (undone by `finished()`)."""
+        routing = self.model(route.model)
+        worker, view = route.worker.id, route.view
+        route.first_token_seen = False
+        routing.inflight[worker] += 1
+        routing.pending_prefill[worker] += max(0, view.prompt_tokens - view.hit_tokens(worker))
+
+    def record(self, route: Route) -> None:
+        """Write the routing history: prefix index (approximate mode), stickiness, prefix rate."""
+        routing = self.model(route.model)
+        routing.state.commit(route.view, route.decision, time.monotonic())
+        if (
+            self.section.write_index
+            and self.redis is not None
+            and route.view.prefix_hashes
+            and not routing.exact
+        ):
+            self._queue_index_write(route.model, route.worker, route.view.prefix_hashes)
 
     def best_hit_tokens(self, model: str, prompt: Prompt) -> int:
         """Prompt tokens the best-placed worker is believed to hold (for admission seats)."""
@@ -371,28 +398,39 @@ class Router:
 
 
 class Dispatch:
-    """Child addon: route the admitted request and point the flow at the chosen worker."""
+    """Child addon: point the admitted request at its worker. The worker is chosen before admission
+    (two-step admission, plugin/admit.py calls `plan()`), so the slot check can include its capacity."""
 
     def __init__(self, gate: KvGate) -> None:
         self.gate = gate
+
+    def plan(
+        self, state: FlowState, parsed: ParsedRequest, caller: Caller, exclude: Collection[str] = ()
+    ) -> Route | None:
+        """The policy's choice among the routable workers minus `exclude` (load reserved, history
+        recorded by `Router.record` once placed); None when no worker is left."""
+        gate = self.gate
+        workers = gate.routable(parsed.model)
+        if exclude:
+            workers = [w for w in workers if w.id not in exclude]
+        return gate.router.route(
+            request_id=state.request_id, model=parsed.model, prompt=state.extra["prompt"],
+            max_tokens=parsed.max_tokens, band=caller.band, tenant=caller.tenant, workers=workers,
+            record=False,
+        )  # fmt: skip
 
     @fail_closed
     async def request(self, flow: http.HTTPFlow) -> None:
         if (found := accepted(flow)) is None:
             return
-        state, parsed, caller = found
+        state, parsed, _ = found
         gate = self.gate
-        route = gate.router.route(
-            request_id=state.request_id, model=parsed.model, prompt=state.extra["prompt"],
-            max_tokens=parsed.max_tokens, band=caller.band, tenant=caller.tenant,
-            workers=gate.routable(parsed.model),
-        )  # fmt: skip
+        route = state.route  # chosen and placed by admission
         if route is None:
             flow.response = GatewayError(
                 503, "no_healthy_worker", f"no healthy worker for {parsed.model!r}", retry_after_s=1
             ).to_response()
             return
-        state.route = route
         request = flow.request
         up = route.upstream
         request.scheme, request.host, request.port = up.scheme, up.host, up.port  # also rewrites Host

@@ -27,7 +27,8 @@ from policy.admission import AdmitCode, CheckStatus, ClaimCode, ReleaseCode
 from policy.keys import PREFIX, model_key
 from policy.types import Band
 
-GRANTED_CHANNEL = f"{PREFIX}:admission:granted"  # one channel for all models; message = JSON list of ids
+# one channel for all models; message = JSON list of granted ids, or {"freed": model, "worker": id}
+GRANTED_CHANNEL = f"{PREFIX}:admission:granted"
 
 
 def model_keys(model: str, worker: str | None = None) -> list[str]:
@@ -172,8 +173,12 @@ class AdmissionScripts:
             AdmitCode(int(r[0])), int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), _ids(r[6])
         )
 
-    async def release(self, model: str, request_id: str, now_ms: int | None = None) -> ReleaseReply:
-        r = await self._call("release", model, now_ms, request_id)
+    async def release(
+        self, model: str, request_id: str, now_ms: int | None = None, worker: str | None = None
+    ) -> ReleaseReply:
+        """With the lease's `worker`, also announces on the channel when that worker stops being full."""
+        args = (request_id, model) if worker else (request_id,)
+        r = await self._call("release", model, now_ms, *args, worker=worker)
         return ReleaseReply(ReleaseCode(int(r[0])), int(r[1]), _ids(r[2]))
 
     async def claim(self, model: str, request_id: str, worker: str, now_ms: int | None = None) -> ClaimReply:

@@ -18,6 +18,7 @@ import json
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,6 +155,7 @@ class SlotPool:
         self._channel = channel
         self._held: dict[str, Lease] = {}
         self._waiters: dict[str, asyncio.Future[None]] = {}
+        self._freed: dict[str, asyncio.Future[None]] = {}  # model -> resolved by a placed lease's release
         self._pubsub: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self.leases_lost = 0  # leases that expired before renewal (a stalled loop or Redis outage)
@@ -195,9 +197,12 @@ class SlotPool:
         snap["est_wait_s"] = estimated_wait_s(queued, capacity, snap["hold_ms"] / 1000) if queued else 0.0
         return snap
 
-    async def acquire(self, ticket: Ticket, worker: str | None = None) -> Lease:
-        """Seats for `ticket`, waiting up to its budget. Raises QueueFull, WaitBudgetExceeded or
-        AdmissionRejected (no seat and max_wait_s = 0). Cancellation-safe.
+    async def acquire(
+        self, ticket: Ticket, worker: str | None = None, on_queued: Callable[[], None] | None = None
+    ) -> Lease:
+        """Seats for `ticket`, waiting up to its budget (`on_queued` is called when the wait starts).
+        Raises QueueFull, WaitBudgetExceeded or AdmissionRejected (no seat and max_wait_s = 0).
+        Cancellation-safe.
 
         With `worker` (the routing choice), the same round trip also checks that worker's capacity and
         raises WorkerFull if it has none; the lease is placed on it if admitted at once. A request that
@@ -221,6 +226,8 @@ class SlotPool:
             if reply.code in (AdmitCode.QUEUE_FULL, AdmitCode.NO_SEAT, AdmitCode.WORKER_FULL):
                 settled = True
                 raise _rejection(ticket, reply.code, est)
+            if on_queued is not None:
+                on_queued()
             lease = await self._wait(ticket, granted, reply.seats, start, est)
             settled = True
             return lease
@@ -279,7 +286,36 @@ class SlotPool:
         """Give the seats back (one round trip); a second call for the same lease does nothing."""
         if self._held.pop(lease.request_id, None) is None:
             return
-        await self.scripts.release(lease.model, lease.request_id)
+        await self.scripts.release(lease.model, lease.request_id, worker=lease.worker)
+        if lease.worker is not None:
+            self._room(lease.model)
+
+    def _room(self, model: str) -> None:
+        freed = self._freed.pop(model, None)
+        if freed is not None and not freed.done():
+            freed.set_result(None)
+
+    def room_signal(self, model: str) -> asyncio.Future[None]:
+        """Resolved at the next sign that a worker of `model` may have a free place: this process
+        released a lease placed on a worker, or any gateway's release took a worker from full to one
+        free place (a message on the grants channel). Take it before trying a worker, so that a
+        release during the try is not missed. A place freed by an expired lease gives no sign."""
+        freed = self._freed.get(model)
+        if freed is None or freed.done():
+            freed = self._freed[model] = asyncio.get_running_loop().create_future()
+        return freed
+
+    async def room_freed(
+        self, model: str, timeout_s: float, signal: asyncio.Future[None] | None = None
+    ) -> bool:
+        """Wait for `signal` (default: the model's next one, see `room_signal`) up to `timeout_s`;
+        True if it came."""
+        freed = signal if signal is not None else self.room_signal(model)
+        try:
+            await asyncio.wait_for(asyncio.shield(freed), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     async def _leave(self, model: str, rid: str) -> None:
         reply = await self.scripts.release(model, rid)
@@ -303,6 +339,9 @@ class SlotPool:
             ids = json.loads(data)
         except ValueError:
             logger.warning("bad admission grant message: %r", data)
+            return
+        if isinstance(ids, dict) and isinstance(ids.get("freed"), str):
+            self._room(ids["freed"])
             return
         for rid in ids if isinstance(ids, list) else []:
             future = self._waiters.get(str(rid))

@@ -294,6 +294,48 @@ async def test_two_step_admission_worker_full_and_place_after_wait(
         await b.place(placed, "w1")
 
 
+async def test_release_of_a_placed_lease_signals_room_on_its_model(
+    redis: aioredis.Redis, pools: tuple[SlotPool, SlotPool]
+) -> None:
+    a, _ = pools
+    placed = await a.acquire(ticket("a"), worker="w1")
+    unplaced = await a.acquire(ticket("b"))
+    before = asyncio.ensure_future(a.room_freed(M, 0.2))
+    await a.release(unplaced)  # frees no worker's place: no signal
+    assert await before is False  # timed out
+    waiting = asyncio.ensure_future(a.room_freed(M, 5))
+    other_model = asyncio.ensure_future(a.room_freed("other", 0.2))
+    await a.release(placed)
+    assert await asyncio.wait_for(waiting, 5) is True
+    assert await other_model is False  # nothing of that model was released
+
+
+async def test_a_worker_no_longer_full_is_announced_to_other_gateways(
+    redis: aioredis.Redis, pools: tuple[SlotPool, SlotPool]
+) -> None:
+    a, b = pools
+    await redis.hset(keys.worker(M, "w1"), "max_concurrency", 2)
+    one, two = [await a.acquire(ticket(rid), worker="w1") for rid in ("a1", "a2")]  # w1 full
+    signal = b.room_signal(M)
+    await a.release(one)  # full -> one free place: announced
+    assert await b.room_freed(M, 5, signal) is True
+    quiet = b.room_signal(M)
+    await a.release(two)  # w1 was not full: no message
+    assert await b.room_freed(M, 0.3, quiet) is False
+    await redis.hset(keys.worker(M, "w1"), "max_concurrency", 1)
+    wake_ms = []  # for the report (pytest -s -k announced): from before A's release to B's signal
+    for i in range(50):
+        lease = await a.acquire(ticket(f"w{i}"), worker="w1")
+        signal = b.room_signal(M)
+        started = time.perf_counter()
+        await a.release(lease)
+        assert await b.room_freed(M, 5, signal) is True
+        wake_ms.append((time.perf_counter() - started) * 1000)
+    cuts = statistics.quantiles(wake_ms, n=100)
+    p50 = statistics.median(wake_ms)
+    print(f"worker-freed wake-up across gateways: p50 {p50:.2f} ms, p99 {cuts[98]:.2f} ms")
+
+
 async def test_live_leases_lists_unexpired_leases_for_the_audit(
     redis: aioredis.Redis, pools: tuple[SlotPool, SlotPool]
 ) -> None:

@@ -33,6 +33,7 @@ def test_tenants_and_models() -> None:
     )
     assert config.key_to_tenant() == {"k1": "acme", "k2": "acme"}
     assert config.models["llama"].total == 8
+    assert (config.models["llama"].on_worker_full, config.models["llama"].reroute_attempts) == ("reroute", 2)
 
 
 def test_prefix_mode_per_model_overrides_the_routing_default() -> None:
@@ -72,6 +73,14 @@ def test_prefix_mode_per_model_overrides_the_routing_default() -> None:
             id="one key for two tenants",
         ),
         pytest.param({"routing": {"policy": "random"}}, "routing.policy", id="unknown policy"),
+        pytest.param(
+            {"models": {"m": {"on_worker_full": "drop"}}},
+            "models.m.on_worker_full",
+            id="unknown full-worker mode",
+        ),
+        pytest.param(
+            {"models": {"m": {"reroute_attempts": -1}}}, "models.m.reroute_attempts", id="negative reroutes"
+        ),
         pytest.param(
             {"admission": {"lease_ms": 1000, "renew_every_ms": 900}},
             "admission.renew_every_ms",

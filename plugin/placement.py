@@ -1,0 +1,202 @@
+"""Two-step admission for one request: a global seat (step one) on a worker with room (step two).
+
+Routing runs first, from memory, so the slot script can check the chosen worker's capacity in the
+same round trip as the quota (docs/ADMISSION.md "Two-step admission"):
+
+    route -> acquire(ticket, worker=w)    1 round trip when a seat is free and w has room: placed on w
+      w full (WorkerFull, nothing taken):
+        reroute  route again without the full workers and acquire with that choice, up to
+                 `reroute_attempts` more workers; when they are full too (or none is left): wait
+        wait     wait for w
+      no seat (queued): granted later without a worker; route again (the cluster changed meanwhile)
+                 and place(lease, w'); w' full -> reroute: the next workers, then wait; wait: wait for w'
+    waiting for a worker = hold a seat (acquire without a worker, in fair queue order if the quota
+    is full) and place(lease, w) again at every sign that a worker of the model has room (a release
+    of a placed lease by this process; a message from any gateway's release that took a worker from
+    full to one free place: SlotPool.room_signal) and at least every WORKER_RECHECK_S; in
+    wait mode w stays the chosen worker, in reroute mode w is the routing choice of the moment;
+    within the request's wait budget, else WaitBudgetExceeded (429). A request that may not wait
+    (budget 0) gets WorkerFull (503) when every worker tried is full.
+
+A worker of unknown capacity (max_concurrency 0) is never full, and a lease granted after waiting is
+not placed on it (no extra round trip): as before two-step admission. The routing reservation (this
+gateway's in-flight count) is held only while the request is headed for a worker; the routing
+history (prefix index, stickiness) is written once it is placed. If the request is cancelled (client
+gone) or rejected, everything it took is given back: reservation, and lease (released once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from plugin.context import now_s
+from plugin.slots import AdmissionRejected, Lease, Ticket, WaitBudgetExceeded, WorkerFull
+
+if TYPE_CHECKING:
+    from plugin.addon import KvGate
+    from plugin.config import ModelSection
+    from plugin.routing import Route
+
+WORKER_RECHECK_S = 0.5  # re-check period while waiting for a worker (places freed by expired leases)
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """The outcome of both steps: the lease (placed on the route's worker when its capacity is known)."""
+
+    lease: Lease
+    route: Route
+    held_by: str  # "" admitted at once; "quota" waited for a seat; "worker" a chosen worker was full
+    reroutes: int  # workers tried after a full one
+    worker_full: int  # workers that turned the request down
+
+
+class Placement:
+    """One request's way through both steps; `run()` once."""
+
+    def __init__(
+        self,
+        gate: KvGate,
+        ticket: Ticket,
+        section: ModelSection,
+        plan: Callable[[Collection[str]], Route | None],
+    ) -> None:
+        self.gate = gate
+        self.ticket = ticket
+        self.plan = plan  # the routing choice without some workers (plugin/routing.py Dispatch.plan)
+        self.reroute = section.on_worker_full == "reroute"
+        self.attempts = section.reroute_attempts if self.reroute else 0
+        self.deadline = now_s() + ticket.max_wait_s
+        self.lease: Lease | None = None  # held, not yet handed to the flow
+        self.route: Route | None = None  # reserved, not yet handed to the flow
+        self.held_by = ""
+        self.reroutes = 0
+        self.full = 0
+
+    async def run(self) -> Placed | AdmissionRejected | None:
+        """Placed, a rejection (nothing held), or None when no worker is routable."""
+        try:
+            result = await self._run()
+        except AdmissionRejected as e:
+            self._give_back()
+            return e
+        except BaseException:  # cancelled (the client left) or failed
+            self._give_back()
+            raise
+        if result is None:
+            self._give_back()
+        return result
+
+    async def _run(self) -> Placed | None:
+        pool, ticket = self.gate.pool, self.ticket
+        tried: list[str] = []
+        first = route = self._plan(tried)
+        while route is not None:  # steps one and two in one round trip
+            try:
+                # not headed for the worker while queued for a seat: give the reservation back
+                self.lease = await pool.acquire(ticket, worker=route.worker.id, on_queued=self._unreserve)
+            except WorkerFull:
+                tried.append(self._turned_down(route))
+                route = self._next(tried)
+                continue
+            lease = self.lease
+            if lease.worker is not None:
+                return self._done(lease, route)
+            self.held_by = "quota"  # granted after waiting: route again
+            self._unreserve()  # (done already when the wait began)
+            return await self._place(lease, first)
+        if first is None:
+            return None
+        if ticket.max_wait_s <= 0:
+            raise WorkerFull(f"every worker tried for {ticket.model} is full", retry_after_s=1, est_wait_s=0)
+        self.lease = lease = await pool.acquire(ticket)  # a seat, to hold while waiting for the worker
+        return await self._wait_for(lease, first)
+
+    async def _place(self, lease: Lease, first: Route | None) -> Placed | None:
+        """Place a lease granted after waiting: on the new routing choice, else per mode."""
+        tried: list[str] = []
+        route = self._plan(tried)
+        first = route or first
+        while route is not None:
+            if route.worker.max_concurrency <= 0:  # capacity unknown: no step two
+                return self._done(lease, route)
+            try:
+                self.lease = lease = await self.gate.pool.place(lease, route.worker.id)
+            except WorkerFull:
+                tried.append(self._turned_down(route))
+                route = self._next(tried)
+                continue
+            return self._done(lease, route)
+        if first is None:
+            return None
+        return await self._wait_for(lease, first)
+
+    async def _wait_for(self, lease: Lease, target: Route) -> Placed | None:
+        """Hold the seat until `target`'s worker has room; in reroute mode (and when it leaves the
+        pool) the routing choice of the moment, so whichever worker frees first takes the request."""
+        pool, model = self.gate.pool, self.ticket.model
+        tries = 0
+        while True:
+            if (self.reroute and tries) or all(w.id != target.worker.id for w in self.gate.routable(model)):
+                chosen = self.plan(())
+                if chosen is None:
+                    return None
+                self.gate.router.finished(chosen)  # reserved again once placed
+                target = chosen
+            tries += 1
+            signal = pool.room_signal(model)  # before trying: a release meanwhile is not missed
+            try:
+                self.lease = lease = await pool.place(lease, target.worker.id)
+            except WorkerFull:
+                pass
+            else:
+                self.gate.router.reserve(target)
+                self.route = target
+                return self._done(lease, target)
+            remaining = self.deadline - now_s()
+            if remaining <= 0:
+                raise WaitBudgetExceeded(
+                    f"waited {self.ticket.max_wait_s:g} s for room on worker {target.worker.id}",
+                    retry_after_s=1.0, est_wait_s=0.0,
+                )  # fmt: skip
+            await pool.room_freed(model, min(remaining, WORKER_RECHECK_S), signal)
+
+    # -- helpers -------------------------------------------------------------------------------------
+    def _plan(self, exclude: Collection[str]) -> Route | None:
+        self.route = self.plan(exclude)
+        return self.route
+
+    def _next(self, tried: list[str]) -> Route | None:
+        """Reroute mode: the next choice without the full workers, within the attempts."""
+        if not self.reroute or len(tried) > self.attempts:
+            return None
+        route = self._plan(tried)
+        if route is not None:
+            self.reroutes += 1
+        return route
+
+    def _turned_down(self, route: Route) -> str:
+        """The route's worker is full: give its reservation back and count the event."""
+        self._unreserve()
+        self.held_by = "worker"
+        self.full += 1
+        self.gate.metrics.worker_full.inc(route.model, route.worker.id)
+        return route.worker.id
+
+    def _unreserve(self) -> None:
+        if self.route is not None:
+            self.gate.router.finished(self.route)
+            self.route = None
+
+    def _done(self, lease: Lease, route: Route) -> Placed:
+        self.gate.router.record(route)
+        self.lease = self.route = None  # the flow owns them now (released by plugin/release.py)
+        return Placed(lease, route, self.held_by, self.reroutes, self.full)
+
+    def _give_back(self) -> None:
+        self._unreserve()
+        if self.lease is not None:
+            self.gate.release_lease(self.lease)
+            self.lease = None

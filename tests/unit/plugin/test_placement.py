@@ -1,0 +1,209 @@
+"""Two-step admission through the addon's request hook (plugin/admit.py, plugin/placement.py).
+
+Real Redis and the real slot pool; the workers are registry entries with `max_concurrency = 1` and
+round-robin routing (w0 first), so which worker is chosen is known. "Another gateway" is a second
+SlotPool on the same Redis that fills a worker without this gateway knowing (its in-flight view is
+its own), which is exactly the case step two exists for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from mitmproxy import http
+from mitmproxy.test import taddons, tutils
+
+from agent import registry
+from agent.registry import WorkerRecord
+from plugin.addon import KvGate
+from plugin.context import state_of
+from plugin.mirror import wall_ms
+from plugin.quotas import write_quota
+from plugin.slots import Lease, SlotPool, Ticket
+from policy.admission import Quota
+from policy.types import Band
+from tests.unit.plugin.test_addon import MODEL, error_of, request_flow
+
+
+async def write_setup(redis: aioredis.Redis, tmp_path: Path, mode: str) -> Path:
+    """Two workers of capacity 1, a quota with room for 10, round-robin routing; the config path."""
+    config = tmp_path / "kvgate.toml"
+    config.write_text(
+        f'[models."{MODEL}"]\ntotal = 10\non_worker_full = "{mode}"\n[routing]\npolicy = "round_robin"\n'
+        "[decision_log]\nredis_stream = false\n[admission]\naudit_every_ms = 0\n"
+    )
+    now = wall_ms()
+    for i in range(2):
+        record = WorkerRecord(id=f"w{i}", model=MODEL, url=f"http://10.1.2.{i}:8000", max_concurrency=1)
+        await registry.register(redis, record, 60_000, now)
+    await write_quota(redis, MODEL, Quota(total=10, count_seats=False))
+    return config
+
+
+@pytest.fixture
+async def other(redis: aioredis.Redis) -> AsyncIterator[SlotPool]:
+    async with SlotPool(redis, gateway_id="other") as pool:
+        yield pool
+
+
+async def fill(pool: SlotPool, worker: str, n: int = 1) -> list[Lease]:
+    """Requests of another gateway placed on `worker`."""
+    return [
+        await pool.acquire(Ticket(f"other-{worker}-{i}", MODEL, Band.NORMAL, "t"), worker=worker)
+        for i in range(n)
+    ]
+
+
+@pytest.fixture(params=["reroute", "wait"])
+async def gate(request: pytest.FixtureRequest, redis: aioredis.Redis, redis_url: str,
+               tmp_path: Path) -> AsyncIterator[KvGate]:  # fmt: skip
+    config = await write_setup(redis, tmp_path, request.param)
+    addon = KvGate()
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, kvgate_config=str(config), kvgate_redis_url=redis_url, kvgate_gateway_id="t")
+        await addon.running()
+        try:
+            yield addon
+        finally:
+            await addon.done()
+
+
+async def until(check: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
+    """Poll `check` (never a fixed sleep); fail naming `what` after `timeout_s`."""
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0.01)
+
+
+def full_events(gate: KvGate) -> float:
+    return sum(gate.metrics.worker_full.get(MODEL, w) for w in ("w0", "w1"))
+
+
+def mode(gate: KvGate) -> str:
+    return gate.config.models[MODEL].on_worker_full
+
+
+def held(flow: http.HTTPFlow) -> dict[str, object]:
+    state = state_of(flow)
+    assert state is not None
+    return state.extra.get("admission", {})
+
+
+async def test_worker_with_room_is_placed_in_one_step(gate: KvGate) -> None:
+    flow = request_flow()
+    await gate.request(flow)
+    state = state_of(flow)
+    assert state is not None and state.route is not None and state.lease is not None
+    assert state.route.worker.id == state.lease.worker == "w0"
+    assert held(flow) == {}  # admitted at once: nothing held it
+    assert gate.metrics.worker_full.get(MODEL, "w0") == 0
+
+
+async def test_full_worker_reroutes_or_waits_for_it(gate: KvGate, other: SlotPool) -> None:
+    (blocker,) = await fill(other, "w0")
+    flow = request_flow()
+    task = asyncio.ensure_future(gate.request(flow))
+    if mode(gate) == "reroute":
+        await task
+        expect = {"held_by": "worker", "reroutes": 1, "worker_full": 1}
+        worker = "w1"
+    else:
+        await until(lambda: gate.metrics.worker_full.get(MODEL, "w0") == 1, "w0 to turn it down")
+        assert not task.done() and gate.pool.held() == 1  # holds its seat while waiting for w0
+        assert gate.router.model(MODEL).inflight["w1"] == 0  # and did not go to the idle w1
+        await other.release(blocker)  # another gateway's release: found by the re-check
+        await asyncio.wait_for(task, 5)
+        expect = {"held_by": "worker", "reroutes": 0, "worker_full": 1}
+        worker = "w0"
+    state = state_of(flow)
+    assert state is not None and state.route is not None and state.lease is not None
+    assert (state.route.worker.id, state.lease.worker) == (worker, worker)
+    assert held(flow) == expect
+    assert gate.metrics.worker_full.get(MODEL, "w0") == 1
+    assert flow.request.host == f"10.1.2.{worker[1]}"
+
+
+async def test_every_worker_full_waits_for_the_first_that_frees(gate: KvGate, other: SlotPool) -> None:
+    leases = {w: (await fill(other, w))[0] for w in ("w0", "w1")}
+    flow = request_flow()
+    task = asyncio.ensure_future(gate.request(flow))
+    tried = 2 if mode(gate) == "reroute" else 1
+    await until(lambda: full_events(gate) >= tried, "the full workers to turn it down")
+    assert not task.done()
+    await other.release(leases["w0"] if mode(gate) == "wait" else leases["w1"])
+    await asyncio.wait_for(task, 5)
+    state = state_of(flow)
+    assert state is not None and state.lease is not None
+    assert state.lease.worker == ("w0" if mode(gate) == "wait" else "w1")
+    assert held(flow)["held_by"] == "worker"
+
+
+async def test_disconnect_while_waiting_for_a_worker_frees_the_seat(gate: KvGate, other: SlotPool) -> None:
+    await fill(other, "w0")
+    await fill(other, "w1")
+    flow = request_flow()
+    task = asyncio.ensure_future(gate.request(flow))
+    await until(lambda: gate.pool.held() == 1, "a seat held while waiting for a worker")
+    gate.client_disconnected(flow.client_conn)
+    await asyncio.wait_for(task, 5)
+    assert flow.error is not None and flow.response is None  # killed: never reaches a worker
+    assert state_of(flow).route is None  # type: ignore[union-attr]
+    await until(lambda: gate.pool.held() == 0, "the seat to be released")
+    assert gate.releases == 1
+    assert sum(gate.router.model(MODEL).inflight.values()) == 0
+    snap = await gate.pool.snapshot(MODEL)
+    assert snap["used"]["total"] == 2  # only the other gateway's two requests
+
+
+async def test_no_wait_budget_and_every_worker_full_is_rejected(gate: KvGate, other: SlotPool) -> None:
+    await fill(other, "w0")
+    await fill(other, "w1")
+    flow = request_flow(headers={"x-kvgate-max-wait-ms": "0"})
+    await gate.request(flow)
+    assert error_of(flow) == (503, "worker_full")
+    assert gate.pool.held() == 0 and gate.releases == 0
+    assert sum(gate.router.model(MODEL).inflight.values()) == 0
+
+
+async def test_release_of_a_placed_lease_frees_its_worker(gate: KvGate) -> None:
+    first = request_flow()
+    await gate.request(first)  # w0
+    second = request_flow()
+    await gate.request(second)  # w1
+    third = request_flow()
+    task = asyncio.ensure_future(gate.request(third))  # both full: waits
+    await until(lambda: full_events(gate) >= 1, "the third request to find the workers full")
+    first.response = tutils.tresp(content=b"{}")
+    gate.response(first)  # this gateway's release wakes the waiter
+    await asyncio.wait_for(task, 5)
+    state = state_of(third)
+    assert state is not None and state.lease is not None and state.lease.worker == "w0"
+
+
+async def test_queued_for_a_seat_then_routed_again_and_placed(gate: KvGate, other: SlotPool) -> None:
+    # the quota (10) is full: 9 requests of another gateway nowhere in particular, one on w1
+    loose = [await other.acquire(Ticket(f"loose-{i}", MODEL, Band.NORMAL, "t")) for i in range(9)]
+    (on_w1,) = await fill(other, "w1")
+    flow = request_flow()
+    task = asyncio.ensure_future(gate.request(flow))  # round robin: w0, which has room: queued for a seat
+    await until(lambda: gate.waiters != {}, "the request to queue")
+    await until(lambda: sum(gate.router.model(MODEL).inflight.values()) == 0, "the reservation back")
+    await other.release(loose[0])  # a seat frees: granted, routed again (round robin: w1, full)
+    if mode(gate) == "reroute":
+        await asyncio.wait_for(task, 5)  # -> the next worker, w0
+        worker, expect = "w0", {"held_by": "worker", "reroutes": 1, "worker_full": 1}
+    else:
+        await until(lambda: gate.metrics.worker_full.get(MODEL, "w1") == 1, "w1 to turn it down")
+        assert not task.done()
+        await other.release(on_w1)
+        await asyncio.wait_for(task, 5)
+        worker, expect = "w1", {"held_by": "worker", "reroutes": 0, "worker_full": 1}
+    state = state_of(flow)
+    assert state is not None and state.lease is not None and state.route is not None
+    assert (state.lease.worker, state.route.worker.id) == (worker, worker)
+    assert held(flow) == expect
+    assert gate.router.model(MODEL).inflight == {"w0": int(worker == "w0"), "w1": int(worker == "w1")}
