@@ -20,11 +20,12 @@ from dataclasses import replace
 
 from bench.sim.admission import GatedRouter, KvgateConfig, KvgateGate
 from bench.sim.cluster import SimResult, simulate
-from bench.sim.metrics import admission_metrics, percentile
+from bench.sim.metrics import admission_metrics
 from bench.sim.profiles import EngineProfile, load_profile
 from bench.sim.registry import make_router
 from bench.sim.scenarios import HALF_LOAD_SCALE, overload_requests
 from bench.sim.types import SimRequest
+from bench.stats import percentile
 from policy.types import Band
 
 INT_KNOBS = ("tokens_per_seat", "max_seats", "seats_per_worker", "prefill_budget_tokens")

@@ -36,6 +36,7 @@ from bench.sim.cluster import RequestRecord, SimResult
 from bench.sim.load import decode_token_cost_s
 from bench.sim.profiles import EngineProfile, prefill_time_s
 from bench.sim.types import SimRequest
+from bench.stats import percentile
 from policy.types import Band
 
 SWITCH_MIN_COVERAGE = 0.5  # a shared prefix counts for switch_rate if it covers >= 50% of the input
@@ -55,16 +56,6 @@ METRIC_NAMES = (
     "util_cv",
     "switch_rate",
 )
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile q in [0, 100] of ascending values; NaN when empty."""
-    if not sorted_values:
-        return math.nan
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 def switch_stats(
