@@ -68,7 +68,11 @@ class Admission:
             return
         section = gate.config.models.get(parsed.model, DEFAULT_MODEL)
         placement = Placement(
-            gate, ticket, section, lambda exclude: gate.dispatch.plan(state, parsed, caller, exclude)
+            gate,
+            ticket,
+            section,
+            lambda exclude: gate.dispatch.plan(state, parsed, caller, exclude),
+            ttft_slo_s=caller.ttft_slo_s,
         )
         task = spawn(placement.run(), name=f"kvgate-acquire-{state.request_id}")
         waiting = gate.waiters.setdefault(client.id, set())

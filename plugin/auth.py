@@ -22,6 +22,7 @@ class Caller:
     tenant: str
     band: Band
     max_wait_s: float  # 0 = do not queue
+    ttft_slo_s: float | None = None  # the client's time-to-first-token SLO, if it sent one
 
 
 class Auth:
@@ -70,12 +71,29 @@ class Auth:
             raise GatewayError(400, "invalid_wait_budget", f"{self.config.priority.wait_header} must be >= 0")
         return min(asked_ms, default_ms) / 1000
 
+    def ttft_slo_s(self, header_value: str | None) -> float | None:
+        """The TTFT SLO header in seconds (None when absent); 400 unless positive integer ms."""
+        if header_value is None or not header_value.strip():
+            return None
+        try:
+            slo_ms = int(header_value.strip())
+        except ValueError:
+            slo_ms = 0
+        if slo_ms <= 0:
+            raise GatewayError(
+                400,
+                "invalid_ttft_slo",
+                f"{self.config.priority.slo_header} must be positive integer milliseconds",
+            )
+        return slo_ms / 1000
+
     def caller(self, headers: Mapping[str, str]) -> Caller:
         tenant = self.tenant(headers.get("authorization"))
         return Caller(
             tenant=tenant,
             band=self.band(tenant, headers.get(self.config.priority.header)),
             max_wait_s=self.max_wait_s(headers.get(self.config.priority.wait_header)),
+            ttft_slo_s=self.ttft_slo_s(headers.get(self.config.priority.slo_header)),
         )
 
 

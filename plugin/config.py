@@ -87,9 +87,12 @@ class AuthSection:
 class PrioritySection:
     header: str = "x-kvgate-priority"
     wait_header: str = "x-kvgate-max-wait-ms"
+    # the request's time-to-first-token SLO: refused at the door when the chosen worker's predicted
+    # TTFT already misses it, and never queued past it (docs/ADMISSION.md "SLO-aware rejection")
+    slo_header: str = "x-kvgate-ttft-slo-ms"
 
     def __post_init__(self) -> None:
-        for name in ("header", "wait_header"):
+        for name in ("header", "wait_header", "slo_header"):
             value = getattr(self, name)
             if not value or not all(c.isalnum() or c in "-_" for c in value):
                 raise ConfigError(

@@ -27,12 +27,13 @@ gone) or rejected, everything it took is given back: reservation, and lease (rel
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from plugin.context import now_s
-from plugin.slots import AdmissionRejected, Lease, Ticket, WaitBudgetExceeded, WorkerFull
+from plugin.slots import AdmissionRejected, Lease, SloUnreachable, Ticket, WaitBudgetExceeded, WorkerFull
 
 if TYPE_CHECKING:
     from plugin.addon import KvGate
@@ -62,9 +63,11 @@ class Placement:
         ticket: Ticket,
         section: ModelSection,
         plan: Callable[[Collection[str]], Route | None],
+        ttft_slo_s: float | None = None,
     ) -> None:
         self.gate = gate
         self.ticket = ticket
+        self.ttft_slo_s = ttft_slo_s
         self.plan = plan  # the routing choice without some workers (plugin/routing.py Dispatch.plan)
         self.reroute = section.on_worker_full == "reroute"
         self.attempts = section.reroute_attempts if self.reroute else 0
@@ -93,6 +96,9 @@ class Placement:
         pool, ticket = self.gate.pool, self.ticket
         tried: list[str] = []
         first = route = self._plan(tried)
+        if first is not None and self.ttft_slo_s is not None:
+            self._check_slo(first, self.ttft_slo_s)
+            ticket = self.ticket
         while route is not None:  # steps one and two in one round trip
             try:
                 # not headed for the worker while queued for a seat: give the reservation back
@@ -113,6 +119,25 @@ class Placement:
             raise WorkerFull(f"every worker tried for {ticket.model} is full", retry_after_s=1, est_wait_s=0)
         self.lease = lease = await pool.acquire(ticket)  # a seat, to hold while waiting for the worker
         return await self._wait_for(lease, first)
+
+    def _check_slo(self, route: Route, slo_s: float) -> None:
+        """SLO-aware early rejection: refuse when the chosen worker's predicted TTFT misses the SLO;
+        else wait at most what the SLO leaves (a later start would miss it anyway). Policies that
+        predict no TTFT (round_robin, least_loaded, article) skip it."""
+        predicted = route.decision.scores.get(route.worker.id, {}).get("predicted-ttft")
+        if predicted is None:
+            return
+        if predicted > slo_s:
+            raise SloUnreachable(
+                f"predicted time to first token {predicted:.3f} s on the best worker exceeds the SLO "
+                f"{slo_s:.3f} s",
+                retry_after_s=max(1.0, predicted - slo_s),
+                est_wait_s=predicted,
+            )
+        budget_s = slo_s - predicted
+        if budget_s < self.ticket.max_wait_s:
+            self.ticket = dataclasses.replace(self.ticket, max_wait_s=budget_s)
+            self.deadline = min(self.deadline, now_s() + budget_s)
 
     async def _place(self, lease: Lease, first: Route | None) -> Placed | None:
         """Place a lease granted after waiting: on the new routing choice, else per mode."""

@@ -81,6 +81,13 @@ class WorkerFull(AdmissionRejected):
     reason = "worker_full"
 
 
+class SloUnreachable(AdmissionRejected):
+    """The chosen worker's predicted time to first token already misses the request's SLO (Mooncake's
+    early rejection): refused at the door rather than after a wait it could not survive."""
+
+    reason = "slo_unreachable"
+
+
 class LeaseLost(Exception):
     """A lease expired in Redis (not renewed in time): its seats are no longer held."""
 

@@ -257,3 +257,36 @@ async def test_low_priority_is_shed_under_sustained_pressure(gate: KvGate) -> No
     low = request_flow(headers={"authorization": "Bearer k-batch", "x-kvgate-max-wait-ms": "0"})
     await run_request(gate, low)
     assert low.response is None and state_of(low).lease is not None  # type: ignore[union-attr]
+
+
+async def test_ttft_slo_refuses_at_the_door_and_bounds_the_wait(gate: KvGate) -> None:
+    long_prompt = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "tell me " * 20_000}],
+        "max_tokens": 4,
+    }
+    hopeless = request_flow(long_prompt, headers={"x-kvgate-ttft-slo-ms": "1"})
+    await run_request(gate, hopeless)
+    assert error_of(hopeless) == (429, "slo_unreachable")
+    assert gate.pool.held() == 0 and not gate.waiters  # refused before it took anything
+
+    held = [request_flow() for _ in range(2)]  # the quota (2) is full
+    for flow in held:
+        await run_request(gate, flow)
+    waiter = request_flow(headers={"x-kvgate-ttft-slo-ms": "300", "x-kvgate-max-wait-ms": "20000"})
+    await run_request(gate, waiter)  # may wait only what its SLO leaves, not its 20 s budget
+    assert error_of(waiter) == (429, "wait_budget")
+
+    for flow in held:
+        flow.error = tflow.terr("Client disconnected.")
+        gate.error(flow)
+    feasible = request_flow(headers={"x-kvgate-ttft-slo-ms": "60000"})
+    await run_request(gate, feasible)
+    assert feasible.response is None and state_of(feasible).lease is not None  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon"])
+async def test_bad_ttft_slo_is_400(gate: KvGate, value: str) -> None:
+    flow = request_flow(headers={"x-kvgate-ttft-slo-ms": value})
+    await run_request(gate, flow)
+    assert error_of(flow) == (400, "invalid_ttft_slo")
