@@ -79,9 +79,11 @@ async def saturation_rps(base_url: str, bodies: Callable[[int], dict[str, object
 
 
 async def open_loop_latency(base_url: str, bodies: Callable[[int], dict[str, object]], *, rate_rps: float,
-                            duration_s: float) -> tuple[float, float, int]:  # fmt: skip
-    """Open loop, non-streaming: (p50, p99, errors) of request latency."""
+                            duration_s: float) -> tuple[float, float, int, float]:  # fmt: skip
+    """Open loop, non-streaming: (p50, p99, errors, p99 of how late the load generator sent) — a late
+    sender means the generator itself was starved of CPU, not the target slow."""
     latencies: list[float] = []
+    late: list[float] = []
     errors = 0
     n = int(rate_rps * duration_s)
     async with aiohttp.ClientSession(base_url, connector=aiohttp.TCPConnector(limit=1024)) as session:
@@ -89,10 +91,12 @@ async def open_loop_latency(base_url: str, bodies: Callable[[int], dict[str, obj
 
         async def one(i: int) -> None:
             nonlocal errors
-            delay = start + i / rate_rps - time.perf_counter()
+            due = start + i / rate_rps
+            delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             sent = time.perf_counter()
+            late.append(sent - due)
             async with session.post("/v1/chat/completions", json=bodies(i)) as resp:
                 await resp.read()
                 if resp.status != 200:
@@ -101,7 +105,7 @@ async def open_loop_latency(base_url: str, bodies: Callable[[int], dict[str, obj
             latencies.append(time.perf_counter() - sent)
 
         await asyncio.gather(*(one(i) for i in range(n)))
-    return percentile(latencies, 50), percentile(latencies, 99), errors
+    return percentile(latencies, 50), percentile(latencies, 99), errors, percentile(late, 99)
 
 
 OVERLOADED_UTILIZATION = 0.9  # open-loop rate / the target's own saturation rate
@@ -150,15 +154,26 @@ def alternating_saturation(
     return out
 
 
-def measure(url: str, args: argparse.Namespace, rate: float, system: str, sat_rps: float) -> dict[str, float]:
-    """Open loop at `rate`: p50/p99 latency of plain requests, TTFT p50 of streams, and the utilization."""
+def measure(
+    url: str, pid: int | None, args: argparse.Namespace, rate: float, system: str, sat_rps: float
+) -> dict[str, float]:
+    """Open loop at `rate`: p50/p99 latency of plain requests, TTFT p50 of streams, the utilization,
+    and (with the target's `pid`) the CPU it used meanwhile: near 1.0 means it was saturated at this
+    rate even if the closed loop's saturation said otherwise (an open loop batches less per loop tick)."""
     rng = random.Random(7)
 
     def plain(i: int) -> dict[str, object]:
         return make_body(rng, system, i, stream=False)
 
     out: dict[str, float] = {"saturation_rps": sat_rps}
-    p50, p99, errors = asyncio.run(open_loop_latency(url, plain, rate_rps=rate, duration_s=args.seconds))
+    cpu_before, wall_before = (cpu_seconds(pid) if pid else None), time.perf_counter()
+    p50, p99, errors, late_p99 = asyncio.run(
+        open_loop_latency(url, plain, rate_rps=rate, duration_s=args.seconds)
+    )
+    cpu_after, wall = (cpu_seconds(pid) if pid else None), time.perf_counter() - wall_before
+    if cpu_before is not None and cpu_after is not None:
+        out["open_loop_cpu_util"] = (cpu_after - cpu_before) / wall
+        out["open_loop_cpu_ms_per_request"] = 1000 * (cpu_after - cpu_before) / (rate * args.seconds)
     streams = [
         LiveRequest(send_at_s=i / rate, body=make_body(rng, system, i, stream=True))
         for i in range(int(rate * args.seconds))
@@ -168,7 +183,7 @@ def measure(url: str, args: argparse.Namespace, rate: float, system: str, sat_rp
     utilization = rate / sat_rps if sat_rps > 0 else float("inf")
     out |= {"p50": p50, "p99": p99, "ttft_p50": percentile(ttfts, 50), "rate_rps": rate,
             "errors": errors + sum(1 for r in results if not r.ok), "open_loop_utilization": utilization,
-            "overloaded": utilization >= OVERLOADED_UTILIZATION}  # fmt: skip
+            "overloaded": utilization >= OVERLOADED_UTILIZATION, "sender_late_p99": late_p99}  # fmt: skip
     return out
 
 
@@ -217,9 +232,11 @@ def main(argv: list[str]) -> int:
         sats["direct"] = {"saturation_rps": saturation(upstream_url, None, args, system, args.seconds / 2)[0]}
         rate = sats["mitmdump"]["saturation_rps"] / 2
         report: dict[str, object] = {}
-        for name, url in (("direct", upstream_url), ("mitmdump", mitm_url), ("kvgate", kvgate_url)):
+        targets = (("direct", upstream_url, upstream.proc.pid), ("mitmdump", mitm_url, mitm.proc.pid),
+                   ("kvgate", kvgate_url, kvgate_pid))  # fmt: skip
+        for name, url, pid in targets:
             print(f"measuring {name} (open loop at {rate:.0f} req/s) ...", file=sys.stderr)
-            report[name] = sats[name] | measure(url, args, rate, system, sats[name]["saturation_rps"])
+            report[name] = sats[name] | measure(url, pid, args, rate, system, sats[name]["saturation_rps"])
     direct, mitm_r, kv = (report[k] for k in ("direct", "mitmdump", "kvgate"))
     assert isinstance(mitm_r, dict) and isinstance(kv, dict) and isinstance(direct, dict)
     report |= {
@@ -243,16 +260,21 @@ def main(argv: list[str]) -> int:
 
 
 def print_report(report: dict[str, object], rate: float) -> None:
-    print(f"\n{'target':<10} {'sat req/s':>10} {'CPU/req':>9} {'p50':>9} {'p99':>9} {'TTFT p50':>9} "
-          f"{'util':>5}   (open loop {rate:.0f}/s)")  # fmt: skip
+    print(f"\n{'target':<10} {'sat rps':>10} {'CPU/req':>9} {'p50':>9} {'p99':>9} {'TTFT p50':>9} "
+          f"{'util':>5} {'CPU busy':>8} {'CPU/req':>9} {'late p99':>9}  (open {rate:.0f}/s)")  # fmt: skip
     for name in ("direct", "mitmdump", "kvgate"):
         r = report[name]
         assert isinstance(r, dict)
         cpu = f"{r['cpu_ms_per_request']:>7.2f}ms" if "cpu_ms_per_request" in r else f"{'-':>9}"
         flag = "  OVERLOADED: latencies measure queueing" if r["overloaded"] else ""
         util = r["open_loop_utilization"]
+        busy = f"{r['open_loop_cpu_util']:>8.2f}" if "open_loop_cpu_util" in r else f"{'-':>8}"
+        open_cpu = (
+            f"{r['open_loop_cpu_ms_per_request']:>7.2f}ms" if "open_loop_cpu_util" in r else f"{'-':>9}"
+        )
         print(f"{name:<10} {r['saturation_rps']:>10.0f} {cpu} {r['p50'] * 1e3:>7.2f}ms "
-              f"{r['p99'] * 1e3:>7.2f}ms {r['ttft_p50'] * 1e3:>7.2f}ms {util:>5.2f}{flag}")  # fmt: skip
+              f"{r['p99'] * 1e3:>7.2f}ms {r['ttft_p50'] * 1e3:>7.2f}ms {util:>5.2f} {busy} {open_cpu} "
+              f"{r['sender_late_p99'] * 1e3:>7.2f}ms{flag}")  # fmt: skip
     line = (
         f"\naddon adds p50 {report['addon_added_p50'] * 1e3:+.2f} ms,"  # type: ignore[operator]
         f" p99 {report['addon_added_p99'] * 1e3:+.2f} ms,"  # type: ignore[operator]
