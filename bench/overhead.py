@@ -11,6 +11,15 @@ two proxies' saturation is measured in alternating rounds, so a change in the ma
 both alike, together with each proxy process's CPU time per request (from /proc, Linux), which
 load on other cores disturbs less than requests/s. A target whose own saturation is below the
 open-loop rate (utilization >= 0.9) is flagged `overloaded`: its latencies then measure queueing.
+During each open loop the target's CPU use is recorded (`open_loop_cpu_util`, near 1.0 = saturated
+at that rate whatever the closed loop said) and the load generator's send lateness (`sender_late_p99`).
+Each proxy and the upstream run in a session of their own: Linux's scheduler autogroups share CPU
+per session, so in one session the proxy, its upstream and this load generator split one share of a
+busy machine between them and the open loop measures that starvation (seconds at p50 with other jobs
+running), not the proxy; `--one-session` restores it.
+`kvgate proxy` drops mitmproxy's switched-off addons from its event chain (plugin/lean_chain.py), so a
+third proxy, `mitmdump_lean` (bare mitmdump with that same chain, saturation only), gives the addon's
+own CPU per request (`addon_own_cpu_ms_per_request`) next to the cost over bare mitmdump.
 """
 
 from __future__ import annotations
@@ -199,11 +208,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="length of each measurement")
     parser.add_argument("--concurrency", type=int, default=32, help="closed-loop clients at saturation")
     parser.add_argument("--rounds", type=int, default=4, help="alternating saturation rounds per proxy")
+    parser.add_argument(
+        "--one-session", action="store_true",
+        help="run the proxies and the upstream in this command's session (one scheduler group, see below)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     rng = random.Random(1)
     system = filler_text(rng, PROMPT_TOKENS)
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="kvgate-overhead-") as tmp, Stack(log_dir=Path(tmp)) as stack:
+    with (
+        tempfile.TemporaryDirectory(prefix="kvgate-overhead-") as tmp,
+        Stack(log_dir=Path(tmp), own_sessions=not args.one_session) as stack,
+    ):
         stack.start_redis()
         up_port = free_port()
         upstream = stack.spawn(
@@ -211,27 +227,36 @@ def main(argv: list[str]) -> int:
         )
         upstream_url = f"http://127.0.0.1:{up_port}"
         wait_http_ok(f"{upstream_url}/health", 20, upstream.proc)
-        mitm_port = free_port()
-        mitm = stack.spawn("mitmdump", [
-            str(Path(sys.executable).with_name("mitmdump")), "--mode", f"reverse:{upstream_url}",
-            "--listen-host", "127.0.0.1", "-p", str(mitm_port), "-q",
-            "--set", "connection_strategy=lazy", "--set", f"confdir={tmp}/mitm",
+        mitm_args = [
+            "--listen-host", "127.0.0.1", "-q", "--set", "connection_strategy=lazy",
             "--set", "onboarding=false", "--set", "flow_detail=0",
+        ]  # fmt: skip
+        mitmdump_bin = str(Path(sys.executable).with_name("mitmdump"))
+        mitm_port, lean_port = free_port(), free_port()
+        mitm = stack.spawn("mitmdump", [
+            mitmdump_bin, "--mode", f"reverse:{upstream_url}", "-p", str(mitm_port), *mitm_args,
+            "--set", f"confdir={tmp}/mitm",
         ])  # fmt: skip
-        mitm_url = f"http://127.0.0.1:{mitm_port}"
+        lean_script = str(Path(__file__).with_name("lean_mitmdump.py"))
+        lean = stack.spawn("mitmdump-lean", [
+            mitmdump_bin, "--mode", f"reverse:{upstream_url}", "-p", str(lean_port), *mitm_args,
+            "--set", f"confdir={tmp}/mitm-lean", "-s", lean_script,
+        ])  # fmt: skip
+        mitm_url, lean_url = f"http://127.0.0.1:{mitm_port}", f"http://127.0.0.1:{lean_port}"
         wait_http_ok(f"{mitm_url}/health", 30, mitm.proc)
+        wait_http_ok(f"{lean_url}/health", 30, lean.proc)
         kvgate_url = stack.start_gateway(
             "bench", config=kvgate_config(Path(tmp) / "kvgate.toml"),
             extra=["--worker", upstream_url, "--model", MODEL],
         )  # fmt: skip
         kvgate_pid = stack.processes[-1].proc.pid
-        print("measuring saturation (mitmdump and kvgate in alternating rounds) ...", file=sys.stderr)
-        sats = alternating_saturation(
-            {"mitmdump": (mitm_url, mitm.proc.pid), "kvgate": (kvgate_url, kvgate_pid)}, args, system
-        )
+        print("measuring saturation (the proxies in alternating rounds) ...", file=sys.stderr)
+        proxies = {"mitmdump": (mitm_url, mitm.proc.pid), "mitmdump_lean": (lean_url, lean.proc.pid),
+                   "kvgate": (kvgate_url, kvgate_pid)}  # fmt: skip
+        sats = alternating_saturation(proxies, args, system)
         sats["direct"] = {"saturation_rps": saturation(upstream_url, None, args, system, args.seconds / 2)[0]}
         rate = sats["mitmdump"]["saturation_rps"] / 2
-        report: dict[str, object] = {}
+        report: dict[str, object] = {"mitmdump_lean": sats["mitmdump_lean"]}  # saturation only
         targets = (("direct", upstream_url, upstream.proc.pid), ("mitmdump", mitm_url, mitm.proc.pid),
                    ("kvgate", kvgate_url, kvgate_pid))  # fmt: skip
         for name, url, pid in targets:
@@ -253,6 +278,12 @@ def main(argv: list[str]) -> int:
         added = kv["cpu_ms_per_request"] - mitm_r["cpu_ms_per_request"]
         report["addon_cpu_ms_per_request"] = added
         report["addon_cpu_share_of_mitmproxy"] = added / mitm_r["cpu_ms_per_request"]
+    lean_r = report["mitmdump_lean"]
+    if "cpu_ms_per_request" in kv and isinstance(lean_r, dict) and "cpu_ms_per_request" in lean_r:
+        # the addon's own cost: against a mitmdump with kvgate proxy's lean addon chain
+        own = kv["cpu_ms_per_request"] - lean_r["cpu_ms_per_request"]
+        report["addon_own_cpu_ms_per_request"] = own
+        report["addon_own_cpu_share_of_mitmproxy"] = own / lean_r["cpu_ms_per_request"]
     print_report(report, rate)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
@@ -287,4 +318,10 @@ def print_report(report: dict[str, object], rate: float) -> None:
             f" {report['addon_cpu_share_of_mitmproxy']:.0%} of mitmproxy's own"
         )
     print(line)
+    lean = report.get("mitmdump_lean")
+    if isinstance(lean, dict) and "addon_own_cpu_ms_per_request" in report:
+        print(f"mitmdump with kvgate proxy's lean addon chain: {lean['saturation_rps']:.0f} req/s,"
+              f" {lean['cpu_ms_per_request']:.2f} ms CPU/request; the addon's own CPU against it"
+              f" {report['addon_own_cpu_ms_per_request']:.2f} ms/request ="
+              f" {report['addon_own_cpu_share_of_mitmproxy']:.0%}")  # fmt: skip
     print(f"machine load average (1 min) before/after: {report['loadavg_1m']} on {os.cpu_count()} cores")
