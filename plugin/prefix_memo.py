@@ -17,15 +17,16 @@ from hashlib import blake2b
 from plugin.routing import CHARS_PER_TOKEN, Prompt
 from policy.prefix import DEFAULT_MAX_BLOCKS, _seed, canonical_text
 
-MAX_STEPS = 8192  # memoized chain steps (~5 MB at 512-character chunks); cleared when full
+MAX_BYTES = 8 << 20  # memoized chain steps' input bytes (8k steps of 512-character chunks); cleared when full
 
 
 class PromptHasher:
     """`hash_prompt` with a bounded memo of chain steps (one per gateway process)."""
 
-    def __init__(self, max_steps: int = MAX_STEPS) -> None:
-        self.max_steps = max_steps
+    def __init__(self, max_bytes: int = MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
         self._steps: dict[bytes, bytes] = {}  # previous digest + chunk bytes -> digest
+        self._bytes = 0  # total length of the keys in _steps
         self._seeds: dict[str, bytes] = {}
 
     def hash_prompt(self, body: Mapping[str, object], model: str, chunk_chars: int) -> Prompt:
@@ -51,14 +52,16 @@ class PromptHasher:
         else:
             chunks = [text[s : min(s + chunk_chars, end)].encode() for s in range(0, end, chunk_chars)]
         steps = self._steps
-        if len(steps) + len(chunks) > self.max_steps:
+        if self._bytes + sum(map(len, chunks)) + 8 * len(chunks) > self.max_bytes:
             steps.clear()
+            self._bytes = 0
         hashes: list[int] = []
         for chunk in chunks:
             step = prev + chunk
             digest = steps.get(step)
             if digest is None:
                 digest = steps[step] = blake2b(step, digest_size=8).digest()
+                self._bytes += len(step)
             prev = digest
             hashes.append(int.from_bytes(digest, "little"))
         full_tokens = -(-chunk_chars // CHARS_PER_TOKEN)

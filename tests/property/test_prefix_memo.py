@@ -25,16 +25,18 @@ texts = st.builds(
     chunk_chars=st.integers(1, 96),
     max_blocks=st.integers(1, 40),
     model=st.sampled_from(["m", "other-model"]),
-    max_steps=st.sampled_from([1, 8, 8192]),
+    max_bytes=st.sampled_from([1, 200, 1 << 20]),
 )
 def test_block_hashes_equal_policy(
-    batch: list[str], chunk_chars: int, max_blocks: int, model: str, max_steps: int
+    batch: list[str], chunk_chars: int, max_blocks: int, model: str, max_bytes: int
 ) -> None:
-    hasher = PromptHasher(max_steps=max_steps)
+    hasher = PromptHasher(max_bytes=max_bytes)
     for text in batch + batch:  # the second pass runs on a warm memo
         got = hasher.block_hashes(text, model=model, chunk_chars=chunk_chars, max_blocks=max_blocks)
         assert got == text_block_hashes(text, model=model, chunk_chars=chunk_chars, max_blocks=max_blocks)
-    assert len(hasher._steps) <= max(max_steps, max_blocks)
+        # bounded: over the limit only by the steps of one text (kept even when they alone exceed it)
+        own = len(text[: chunk_chars * max_blocks].encode()) + 8 * len(got[0])
+        assert hasher._bytes == sum(map(len, hasher._steps)) <= max(max_bytes, own)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +66,7 @@ def test_bad_shapes_raise_value_error(bad: dict[str, object]) -> None:
 
 
 def test_memo_stays_bounded() -> None:
-    hasher = PromptHasher(max_steps=50)
+    hasher = PromptHasher(max_bytes=2000)
     for i in range(200):
         hasher.block_hashes(f"text {i} " * 20, model="m", chunk_chars=16)
-    assert len(hasher._steps) <= 50
+        assert hasher._bytes == sum(map(len, hasher._steps)) <= 2000
