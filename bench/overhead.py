@@ -163,26 +163,33 @@ def alternating_saturation(
     return out
 
 
+def open_loop_point(url: str, pid: int | None, rate: float, seconds: float, system: str) -> dict[str, float]:
+    """Open loop of plain requests at `rate`: p50/p99, errors, sender lateness and (with the target's
+    `pid`) its CPU use meanwhile: near 1.0 means it was saturated at this rate even if the closed
+    loop's saturation said otherwise (an open loop batches less per loop tick)."""
+    rng = random.Random(7)
+    cpu_before, wall_before = (cpu_seconds(pid) if pid else None), time.perf_counter()
+    p50, p99, errors, late_p99 = asyncio.run(
+        open_loop_latency(url, lambda i: make_body(rng, system, i, stream=False), rate_rps=rate,
+                          duration_s=seconds)
+    )  # fmt: skip
+    cpu_after, wall = (cpu_seconds(pid) if pid else None), time.perf_counter() - wall_before
+    out = {"p50": p50, "p99": p99, "errors": errors, "sender_late_p99": late_p99}
+    if cpu_before is not None and cpu_after is not None:
+        out["open_loop_cpu_util"] = (cpu_after - cpu_before) / wall
+        out["open_loop_cpu_ms_per_request"] = 1000 * (cpu_after - cpu_before) / (rate * seconds)
+    return out
+
+
 def measure(
     url: str, pid: int | None, args: argparse.Namespace, rate: float, system: str, sat_rps: float
 ) -> dict[str, float]:
-    """Open loop at `rate`: p50/p99 latency of plain requests, TTFT p50 of streams, the utilization,
-    and (with the target's `pid`) the CPU it used meanwhile: near 1.0 means it was saturated at this
-    rate even if the closed loop's saturation said otherwise (an open loop batches less per loop tick)."""
-    rng = random.Random(7)
-
-    def plain(i: int) -> dict[str, object]:
-        return make_body(rng, system, i, stream=False)
-
-    out: dict[str, float] = {"saturation_rps": sat_rps}
-    cpu_before, wall_before = (cpu_seconds(pid) if pid else None), time.perf_counter()
-    p50, p99, errors, late_p99 = asyncio.run(
-        open_loop_latency(url, plain, rate_rps=rate, duration_s=args.seconds)
+    """Open loop at `rate`: p50/p99 latency of plain requests (`open_loop_point`), TTFT p50 of streams,
+    and the utilization."""
+    out: dict[str, float] = {"saturation_rps": sat_rps} | open_loop_point(
+        url, pid, rate, args.seconds, system
     )
-    cpu_after, wall = (cpu_seconds(pid) if pid else None), time.perf_counter() - wall_before
-    if cpu_before is not None and cpu_after is not None:
-        out["open_loop_cpu_util"] = (cpu_after - cpu_before) / wall
-        out["open_loop_cpu_ms_per_request"] = 1000 * (cpu_after - cpu_before) / (rate * args.seconds)
+    rng = random.Random(8)
     streams = [
         LiveRequest(send_at_s=i / rate, body=make_body(rng, system, i, stream=True))
         for i in range(int(rate * args.seconds))
@@ -190,10 +197,25 @@ def measure(
     results = asyncio.run(run_open_loop(url, streams))
     ttfts = [r.ttft_s for r in results if r.ok and r.ttft_s is not None]
     utilization = rate / sat_rps if sat_rps > 0 else float("inf")
-    out |= {"p50": p50, "p99": p99, "ttft_p50": percentile(ttfts, 50), "rate_rps": rate,
-            "errors": errors + sum(1 for r in results if not r.ok), "open_loop_utilization": utilization,
-            "overloaded": utilization >= OVERLOADED_UTILIZATION, "sender_late_p99": late_p99}  # fmt: skip
+    out |= {"ttft_p50": percentile(ttfts, 50), "rate_rps": rate, "open_loop_utilization": utilization,
+            "errors": out["errors"] + sum(1 for r in results if not r.ok),
+            "overloaded": utilization >= OVERLOADED_UTILIZATION}  # fmt: skip
     return out
+
+
+def sweep(
+    fractions: list[float], targets: dict[str, tuple[str, int]], sat_rps: float, seconds: float, system: str
+) -> list[dict[str, object]]:
+    """Latency against offered rate: each fraction of bare mitmdump's saturation, each target in turn."""
+    points: list[dict[str, object]] = []
+    for fraction in fractions:
+        rate = fraction * sat_rps
+        print(f"sweep: open loop at {rate:.0f} req/s ...", file=sys.stderr)
+        point: dict[str, object] = {"fraction": fraction, "rate_rps": rate}
+        for name, (url, pid) in targets.items():
+            point[name] = open_loop_point(url, pid, rate, seconds, system)
+        points.append(point)
+    return points
 
 
 def kvgate_config(path: Path) -> Path:
@@ -208,6 +230,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="length of each measurement")
     parser.add_argument("--concurrency", type=int, default=32, help="closed-loop clients at saturation")
     parser.add_argument("--rounds", type=int, default=4, help="alternating saturation rounds per proxy")
+    parser.add_argument(
+        "--sweep", default="", metavar="FRACTIONS",
+        help="also latency against offered rate: comma-separated fractions of bare mitmdump's saturation",
+    )  # fmt: skip
     parser.add_argument(
         "--one-session", action="store_true",
         help="run the proxies and the upstream in this command's session (one scheduler group, see below)",
@@ -262,6 +288,10 @@ def main(argv: list[str]) -> int:
         for name, url, pid in targets:
             print(f"measuring {name} (open loop at {rate:.0f} req/s) ...", file=sys.stderr)
             report[name] = sats[name] | measure(url, pid, args, rate, system, sats[name]["saturation_rps"])
+        if args.sweep:
+            fractions = [float(f) for f in args.sweep.split(",")]
+            both = {"mitmdump": (mitm_url, mitm.proc.pid), "kvgate": (kvgate_url, kvgate_pid)}
+            report["sweep"] = sweep(fractions, both, 2 * rate, args.seconds / 2, system)
     direct, mitm_r, kv = (report[k] for k in ("direct", "mitmdump", "kvgate"))
     assert isinstance(mitm_r, dict) and isinstance(kv, dict) and isinstance(direct, dict)
     report |= {
@@ -285,6 +315,13 @@ def main(argv: list[str]) -> int:
         report["addon_own_cpu_ms_per_request"] = own
         report["addon_own_cpu_share_of_mitmproxy"] = own / lean_r["cpu_ms_per_request"]
     print_report(report, rate)
+    for point in report.get("sweep", []):  # type: ignore[attr-defined]
+        parts = [f"sweep {point['rate_rps']:>6.0f} req/s:"]
+        for name in ("mitmdump", "kvgate"):
+            r = point[name]
+            parts.append(f"{name} p50 {r['p50'] * 1e3:.2f} p99 {r['p99'] * 1e3:.2f} ms"
+                         f" (CPU {r.get('open_loop_cpu_util', float('nan')):.2f})")  # fmt: skip
+        print(" ".join(parts))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     return 0
