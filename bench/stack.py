@@ -76,6 +76,9 @@ class Stack:
     processes: list[Process] = field(default_factory=list)
     worker_urls: list[str] = field(default_factory=list)
     gateway_urls: list[str] = field(default_factory=list)
+    # each process in its own session, hence its own scheduler autogroup (Linux): CPU is then shared
+    # per process, as between separate services, not per benchmark run (kvgate bench overhead)
+    own_sessions: bool = False
 
     @property
     def redis_url(self) -> str:
@@ -92,8 +95,9 @@ class Stack:
         log = self.log_dir / f"{name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                list(args), stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-            )
+                list(args), stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                start_new_session=self.own_sessions,
+            )  # fmt: skip
         process = Process(name, proc, log)
         self.processes.append(process)
         return process

@@ -51,6 +51,7 @@ from plugin.errors import install_json_protocol_errors, json_response
 from plugin.intake import Intake
 from plugin.metrics import GatewayMetrics
 from plugin.mirror import ClusterMirror, wall_ms
+from plugin.prefix_memo import PromptHasher
 from plugin.quotas import ensure_quotas
 from plugin.redis_server import EmbeddedRedis
 from plugin.release import Release
@@ -79,6 +80,7 @@ class KvGate:
         self.pool: SlotPool = None  # set in running()
         self.mirror: ClusterMirror | None = None
         self.router = Router(self.config.routing)
+        self.hasher = PromptHasher()  # prefix hashes, shared prefixes hashed once (plugin/prefix_memo.py)
         self.decisions = DecisionLog(None)
         self.static: StaticWorkers | None = None
         self.queue_signal: QueueSignalRefresher | None = None  # autoscaling gauges (plugin/autoscale.py)

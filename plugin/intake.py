@@ -17,7 +17,6 @@ from mitmproxy import http
 from plugin.context import STATE, FlowState, answered, fail_closed, now_s
 from plugin.errors import GatewayError
 from plugin.parse import parse_completion, route_for
-from plugin.routing import hash_prompt
 
 if TYPE_CHECKING:
     from plugin.addon import KvGate
@@ -66,7 +65,7 @@ class Intake:
                     503, "no_healthy_worker", f"no healthy worker for {parsed.model!r}", retry_after_s=1
                 )
             try:
-                prompt = hash_prompt(parsed.body, parsed.model, gate.config.routing.chunk_chars)
+                prompt = gate.hasher.hash_prompt(parsed.body, parsed.model, gate.config.routing.chunk_chars)
             except ValueError as e:
                 raise GatewayError(400, "invalid_request", str(e)) from None
             if gate.router.is_exact(parsed.model):  # token ids from a worker; this prompt if none

@@ -26,6 +26,7 @@ from mitmproxy.tools.main import run
 
 from plugin.addon import KvGate
 from plugin.config import ConfigError, load_config
+from plugin.lean_chain import drop_idle_addons
 
 FALLBACK_UPSTREAM = "http://127.0.0.1:1"  # never used: every request is answered or rerouted
 IDLE_TIMEOUT_S = 3600
@@ -54,6 +55,12 @@ class KvGateMaster(DumpMaster):
 
             server.TCP_TIMEOUT = IDLE_TIMEOUT_S  # type: ignore[attr-defined]
         opts.update(**defaults)
+
+    async def running(self) -> None:
+        # the command line is applied by now: leave the built-in addons it did not switch on out of the
+        # event chain, which every event walks (plugin/lean_chain.py)
+        drop_idle_addons(self.addons, self.options)
+        await super().running()
 
 
 def build_parser() -> argparse.ArgumentParser:
