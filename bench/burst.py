@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -259,14 +260,18 @@ async def leases_after(stack: Stack, cfg: BurstConfig) -> int:
         await redis.aclose()
 
 
-async def queued_s(stack: Stack, request_ids: set[str]) -> list[float]:
-    """Admission wait (s) of `request_ids`, from the gateways' decision stream (kvg:decisions)."""
+async def queued_s(stack: Stack, request_ids: set[str]) -> tuple[list[float], dict[str, int]]:
+    """Admission wait (s) of `request_ids` and how many of them each admission step held (`held_by`:
+    "" at once, "quota" waited for a seat, "worker" a chosen worker was full), from the gateways'
+    decision stream (kvg:decisions)."""
     redis = aioredis.Redis.from_url(stack.redis_url)
     try:
         records = await read_recent(redis, count=100_000)
     finally:
         await redis.aclose()
-    return [float(r["queued_ms"]) / 1000 for r in records if r.get("request_id") in request_ids]
+    mine = [r for r in records if r.get("request_id") in request_ids]
+    held_by = Counter(str(r.get("held_by") or "") for r in mine)
+    return [float(r["queued_ms"]) / 1000 for r in mine], dict(held_by)
 
 
 async def set_band_quota(stack: Stack, cfg: BurstConfig) -> None:
@@ -309,7 +314,7 @@ async def run(stack: Stack, cfg: BurstConfig) -> dict[str, Any]:
         for q in load
         if q.send_at_s >= cfg.warm_s and q.headers[PRIORITY] == "high"
     }
-    high_queued = await queued_s(stack, high_burst_ids)
+    high_queued, high_held_by = await queued_s(stack, high_burst_ids)
     wakes, gate_wakes = await wake_probes(stack, cfg)
     in_burst = [r for q, r in zip(load, results, strict=True) if q.send_at_s >= cfg.warm_s]
     high_burst = [
@@ -332,6 +337,7 @@ async def run(stack: Stack, cfg: BurstConfig) -> dict[str, Any]:
         "high_admission_wait_p99_le": high_wait[1],
         "high_burst_queued_p99": percentile(high_queued, 99),
         "high_burst_queued_max": max(high_queued, default=float("nan")),
+        "high_burst_held_by": high_held_by,
         "load_average_1m": os.getloadavg()[0],
         "quota": cfg.quota,
         "peak_running_sampled": peak_sampled,
@@ -379,6 +385,8 @@ def print_table(report: dict[str, Any]) -> None:
         ("high admission wait mean", ms("high_admission_wait_mean"), f"p99 <= {wait_le} s (all phases)"),
         ("high queued p99 / max burst", f"{ms('high_burst_queued_p99')} / {ms('high_burst_queued_max')}",
          f"decision stream; reserve {report['config']['high_reserve']}"),
+        ("high held by: none/quota/worker", "/".join(str(report["high_burst_held_by"].get(k, 0))
+                                                     for k in ("", "quota", "worker")), "two-step admission"),
         ("load average (1 min)", f"{report['load_average_1m']:.1f}", "2 cores"),
         ("capacity", f"{report['capacity_rps']:.1f} req/s", "quota / unloaded service time"),
         ("requests: all / burst / high", f"{report['requests']} / {report['burst_requests']} / "

@@ -149,7 +149,7 @@ class ModelSection:
     # two-step admission, when the chosen worker is at its max_concurrency: "reroute" tries the next
     # best workers (up to reroute_attempts), then waits; "wait" waits for that worker (docs/ADMISSION.md)
     on_worker_full: str = "reroute"
-    reroute_attempts: int = 2
+    reroute_attempts: int = 8  # each try is one round trip; 8 covers a small pool whole
 
     def check(self, path: str) -> None:
         for name in ("total", "tenant", "queue_max", "reroute_attempts"):

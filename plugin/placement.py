@@ -118,7 +118,7 @@ class Placement:
         if ticket.max_wait_s <= 0:
             raise WorkerFull(f"every worker tried for {ticket.model} is full", retry_after_s=1, est_wait_s=0)
         self.lease = lease = await pool.acquire(ticket)  # a seat, to hold while waiting for the worker
-        return await self._wait_for(lease, first)
+        return await self._wait_for(lease, first, tried)
 
     def _check_slo(self, route: Route, slo_s: float) -> None:
         """SLO-aware early rejection: refuse when the chosen worker's predicted TTFT misses the SLO;
@@ -158,28 +158,33 @@ class Placement:
             return None
         return await self._wait_for(lease, first)
 
-    async def _wait_for(self, lease: Lease, target: Route) -> Placed | None:
-        """Hold the seat until `target`'s worker has room; in reroute mode (and when it leaves the
-        pool) the routing choice of the moment, so whichever worker frees first takes the request."""
+    async def _wait_for(self, lease: Lease, target: Route, found_full: Collection[str] = ()) -> Placed | None:
+        """Hold the seat until a worker has room: `target`'s in wait mode; in reroute mode (and when
+        `target` leaves the pool) the routing choice among the workers not found full since the last
+        sign of room, so whichever worker has or gets a free place takes the request. A round of
+        tries is bounded by `reroute_attempts` + 1; then it waits for the next sign."""
         pool, model = self.gate.pool, self.ticket.model
-        tries = 0
+        full = list(found_full)  # workers found full in this round
+        signal = pool.room_signal(model)  # before trying: a release meanwhile is not missed
+        if self.reroute and full and (chosen := self._choose(full)) is not None:
+            target = chosen  # a worker not tried yet
         while True:
-            if (self.reroute and tries) or all(w.id != target.worker.id for w in self.gate.routable(model)):
-                chosen = self.plan(())
-                if chosen is None:
+            if all(w.id != target.worker.id for w in self.gate.routable(model)):
+                full.clear()
+                if (chosen := self._choose(full)) is None:
                     return None
-                self.gate.router.finished(chosen)  # reserved again once placed
                 target = chosen
-            tries += 1
-            signal = pool.room_signal(model)  # before trying: a release meanwhile is not missed
             try:
                 self.lease = lease = await pool.place(lease, target.worker.id)
             except WorkerFull:
-                pass
+                full.append(target.worker.id)
             else:
                 self.gate.router.reserve(target)
                 self.route = target
                 return self._done(lease, target)
+            if self.reroute and len(full) <= self.attempts and (chosen := self._choose(full)) is not None:
+                target = chosen  # another worker may have a free place now: no need to wait
+                continue
             remaining = self.deadline - now_s()
             if remaining <= 0:
                 raise WaitBudgetExceeded(
@@ -187,6 +192,17 @@ class Placement:
                     retry_after_s=1.0, est_wait_s=0.0,
                 )  # fmt: skip
             await pool.room_freed(model, min(remaining, WORKER_RECHECK_S), signal)
+            signal = pool.room_signal(model)
+            full.clear()
+            if self.reroute and (chosen := self._choose(full)) is not None:
+                target = chosen
+
+    def _choose(self, exclude: Collection[str]) -> Route | None:
+        """The routing choice without `exclude`, its reservation given back (taken again once placed)."""
+        chosen = self.plan(exclude)
+        if chosen is not None:
+            self.gate.router.finished(chosen)
+        return chosen
 
     # -- helpers -------------------------------------------------------------------------------------
     def _plan(self, exclude: Collection[str]) -> Route | None:

@@ -33,7 +33,7 @@ def test_tenants_and_models() -> None:
     )
     assert config.key_to_tenant() == {"k1": "acme", "k2": "acme"}
     assert config.models["llama"].total == 8
-    assert (config.models["llama"].on_worker_full, config.models["llama"].reroute_attempts) == ("reroute", 2)
+    assert (config.models["llama"].on_worker_full, config.models["llama"].reroute_attempts) == ("reroute", 8)
 
 
 def test_prefix_mode_per_model_overrides_the_routing_default() -> None:

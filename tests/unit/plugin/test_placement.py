@@ -207,3 +207,33 @@ async def test_queued_for_a_seat_then_routed_again_and_placed(gate: KvGate, othe
     assert (state.lease.worker, state.route.worker.id) == (worker, worker)
     assert held(flow) == expect
     assert gate.router.model(MODEL).inflight == {"w0": int(worker == "w0"), "w1": int(worker == "w1")}
+
+
+async def test_reroute_finds_a_free_worker_beyond_its_attempts_without_waiting(
+    redis: aioredis.Redis, redis_url: str, tmp_path: Path, other: SlotPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import plugin.placement
+
+    config = await write_setup(redis, tmp_path, "reroute")
+    config.write_text(
+        config.read_text().replace(
+            'on_worker_full = "reroute"', 'on_worker_full = "reroute"\nreroute_attempts = 0'
+        )
+    )
+    monkeypatch.setattr(plugin.placement, "WORKER_RECHECK_S", 60.0)  # no periodic re-check to rescue it
+    (blocker,) = await fill(other, "w0")
+    addon = KvGate()
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, kvgate_config=str(config), kvgate_redis_url=redis_url, kvgate_gateway_id="t")
+        await addon.running()
+        try:
+            flow = request_flow()
+            # w0 (the first choice) is full and no attempt is left: the request takes a seat to wait
+            # with, and then tries the workers not found full before waiting for any sign of room
+            await asyncio.wait_for(addon.request(flow), 5)
+            state = state_of(flow)
+            assert state is not None and state.lease is not None and state.lease.worker == "w1"
+            assert held(flow)["held_by"] == "worker"
+        finally:
+            await addon.done()
+    await other.release(blocker)
