@@ -246,9 +246,15 @@ class KvgateGate(BaseGate):
         self.tags: dict[Band, dict[str, int]] = {b: {} for b in Band}
         self.hold_s = 0.0  # moving average of lease hold times
         self.arrivals: dict[Band, deque[float]] = {b: deque() for b in Band}
-        self.ready: list[SimRequest] = []
+        self.ready: list[SimRequest] = []  # granted, not yet dispatched
+        self.ready_tokens = 0  # their prompt tokens: pending prefill the cluster does not see yet
         self.pressure_since_ms: int | None = None  # since when a band above LOW has had waiters
         self.cluster: ClusterView | None = None  # the cluster last seen (the same object every call)
+
+    @property
+    def release_on_first_token(self) -> bool:
+        """A prefill budget frees at first tokens: the loop must offer the gate a release then too."""
+        return self.config.prefill_budget_tokens is not None
 
     # ---- AdmissionGate ----------------------------------------------------------------------------
 
@@ -281,6 +287,7 @@ class KvgateGate(BaseGate):
             self.since[band] = now_ms
         if req.id in self._pump(now_ms):
             self.ready.remove(req)
+            self.ready_tokens -= req.input_tokens
             return Verdict.ADMIT
         ahead = bisect_left(queue, (tag, req.id)) + sum(len(self.queues[b]) for b in Band if b > band)
         wait = estimated_wait_s(ahead, self.capacity_seats, self.hold_s)
@@ -302,7 +309,7 @@ class KvgateGate(BaseGate):
         now_ms = _ms(now_s)
         self._reap(now_ms)
         self._pump(now_ms)
-        out, self.ready = self.ready, []
+        out, self.ready, self.ready_tokens = self.ready, [], 0
         return out
 
     def queued(self) -> int:
@@ -365,7 +372,9 @@ class KvgateGate(BaseGate):
         budget, cluster = self.config.prefill_budget_tokens, self.cluster
         if budget is None or cluster is None:
             return True
-        return sum(cluster.pending_prefill_tokens(w) for w in cluster.worker_ids) < budget
+        # granted requests join the cluster's pending prefill only when dispatched, after this pump
+        pending = self.ready_tokens + sum(cluster.pending_prefill_tokens(w) for w in cluster.worker_ids)
+        return pending < budget
 
     def _usage(self) -> Usage:
         return Usage(self.used_total, self.used_band, self.used_tenant)
@@ -418,6 +427,7 @@ class KvgateGate(BaseGate):
         self.vtime[band] = w.tag
         self.since[band] = now_ms
         self.ready.append(w.req)
+        self.ready_tokens += w.req.input_tokens
 
     def _leave(self, rid: int) -> None:
         w = self.waiters.pop(rid)
