@@ -10,6 +10,8 @@ the runner marks them rejected). Stable names:
   gie_flow       GIE/llm-d flow control: strict priority bands, FCFS, dispatch while saturation < 1.
   probabilistic  llm-d probabilistic admitter: Band.LOW rejected with p = min(1, 300 * sat^5).
   kvgate         policy/admission.py's rules (quotas in seats, borrowing, fair queues, aging, limits).
+  kvgate_prefill the same plus a prefill budget (PREFILL_BUDGET_PER_WORKER): a SIMULATOR-ONLY rule, the
+                 gateway has no equivalent yet (docs/ADMISSION.md, "Overload settings").
 
 Saturation (GIE/llm-d utilization detector, PEERS.md §2.1) is computed from M signals (the last scrape):
 mean over workers of max(waiting / 5, kv_usage / 0.8), a worker whose scrape is older than 0.2 s
@@ -52,6 +54,9 @@ SATURATION_WAITING = 5  # GIE: a pod with more than 5 waiting requests is satura
 SATURATION_KV = 0.8  # GIE: a pod above 80 % KV usage is saturated
 STALE_S = 0.2  # GIE: metrics older than this count as saturated
 BANDS_DOWN = (Band.HIGH, Band.NORMAL, Band.LOW)
+# kvgate_prefill: pending prefill tokens per worker below which bands under HIGH are granted (1,024 per
+# worker on `overload`: high TTFT p99 within 1.5x of half load with either router, docs/SIMULATOR.md)
+PREFILL_BUDGET_PER_WORKER = 1024
 
 
 def saturation(cluster: ClusterView, now_s: float) -> float:
@@ -227,8 +232,11 @@ class KvgateGate(BaseGate):
 
     name = "kvgate"
 
-    def __init__(self, profile: EngineProfile, workers: int, config: KvgateConfig | None = None) -> None:
+    def __init__(
+        self, profile: EngineProfile, workers: int, config: KvgateConfig | None = None, name: str = "kvgate"
+    ) -> None:
         super().__init__()
+        self.name = name
         self.profile = profile
         self.config = cfg = config or KvgateConfig()
         per_worker = cfg.seats_per_worker or max(1, profile.capacity_tokens // max(1, cfg.tokens_per_seat))
@@ -477,6 +485,12 @@ GATES: dict[str, GateFactory] = {
     "gie_flow": lambda profile, workers, seed: GieFlowGate(),
     "probabilistic": lambda profile, workers, seed: ProbabilisticGate(seed),
     "kvgate": lambda profile, workers, seed: KvgateGate(profile, workers),
+    "kvgate_prefill": lambda profile, workers, seed: KvgateGate(
+        profile,
+        workers,
+        KvgateConfig(prefill_budget_tokens=workers * PREFILL_BUDGET_PER_WORKER),
+        name="kvgate_prefill",
+    ),
 }
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from bench.sim.admission import (
     GATES,
+    PREFILL_BUDGET_PER_WORKER,
     GieFlowGate,
     GieShedGate,
     KvgateConfig,
@@ -310,8 +311,14 @@ def test_kvgate_prefill_budget_asks_for_a_release_at_first_tokens() -> None:
     assert not kvgate().release_on_first_token  # only seats free at finishes
 
 
+def test_kvgate_prefill_is_the_default_gate_plus_a_budget_per_worker() -> None:
+    named = make_gate("kvgate_prefill", PROFILE, 8, 1)
+    assert isinstance(named, KvgateGate)
+    assert named.config == KvgateConfig(prefill_budget_tokens=8 * PREFILL_BUDGET_PER_WORKER)
+
+
 def test_registry_names_are_the_stable_interface() -> None:
-    assert list(GATES) == ["none", "gie_shed", "gie_flow", "probabilistic", "kvgate"]
+    assert list(GATES) == ["none", "gie_shed", "gie_flow", "probabilistic", "kvgate", "kvgate_prefill"]
     assert resolve_admissions("all") == list(GATES)
     assert resolve_admissions("kvgate, none,kvgate") == ["kvgate", "none"]
     with pytest.raises(UnknownAdmission, match="known: none"):
