@@ -25,7 +25,6 @@ from plugin.errors import GatewayError
 from plugin.placement import Placed, Placement
 from plugin.slots import AdmissionRejected, Ticket
 from plugin.tasks import spawn
-from policy.admission import seat_count
 
 if TYPE_CHECKING:
     from plugin.addon import KvGate
@@ -106,13 +105,13 @@ class Admission:
         gate.metrics.admission_wait.observe(state.queued_s, parsed.model, state.band_name)
 
     def seats(self, model: str, prompt: Prompt, max_tokens: int) -> int:
-        """Seats by cost: uncached prompt (best prefix hit among workers) + max_tokens; 1 when the
-        model's quota counts requests (the default)."""
+        """Seats by cost: uncached prompt (best prefix hit among workers) + max_tokens, in the model's
+        `tokens_per_seat`; 1 when the model's quota counts requests (the default)."""
         section = self.gate.config.models.get(model)
         if section is None or not section.count_seats:
             return 1
         hit_tokens = self.gate.router.best_hit_tokens(model, prompt)
-        return seat_count(prompt.prompt_tokens - hit_tokens, max_tokens)
+        return section.seats(prompt.prompt_tokens - hit_tokens, max_tokens)
 
 
 def held_record(placed: Placed) -> dict[str, object]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from policy.admission import DEFAULT_MAX_SEATS, DEFAULT_TOKENS_PER_SEAT, seat_count
 from policy.config import POLICIES, RoutingConfig, load_routing_config
 from policy.config import ConfigError as PolicyConfigError
 from policy.types import Band
@@ -138,8 +139,18 @@ class ModelSection:
     tenant: int = 0  # cap per tenant; 0 = none
     queue_max: int = 0  # waiters per band queue; 0 = the admission default
     count_seats: bool = False  # true: a request costs seats by its size (policy/admission.py seat_count)
+    # with count_seats: KV tokens per seat and the most seats one request takes (size `total` to match:
+    # workers x KV tokens per worker / tokens_per_seat); the simulator's KvgateConfig has the same two
+    tokens_per_seat: int = DEFAULT_TOKENS_PER_SEAT
+    max_seats: int = DEFAULT_MAX_SEATS
     prefix_mode: str = ""  # approximate | exact; "" = routing.prefix_mode
     band_shares: dict[str, float] | None = None  # None = admission.band_shares
+
+    def seats(self, uncached_prompt_tokens: int, max_tokens: int) -> int:
+        """Seats one request of this model asks for: by cost with count_seats, else 1."""
+        if not self.count_seats:
+            return 1
+        return seat_count(uncached_prompt_tokens, max_tokens, self.tokens_per_seat, self.max_seats)
 
     def shares(self, default: Mapping[str, float]) -> dict[Band, float]:
         """Nominal band shares of this model (band -> fraction of total); empty = no band limits."""
@@ -154,6 +165,8 @@ class ModelSection:
     def check(self, path: str) -> None:
         for name in ("total", "tenant", "queue_max", "reroute_attempts"):
             _at_least(f"{path}.{name}", getattr(self, name), 0)
+        for name in ("tokens_per_seat", "max_seats"):
+            _at_least(f"{path}.{name}", getattr(self, name), 1)
         if self.prefix_mode:
             _one_of(f"{path}.prefix_mode", self.prefix_mode, PREFIX_MODES)
         if self.band_shares is not None:

@@ -10,6 +10,8 @@ the runner marks them rejected). Stable names:
   gie_flow       GIE/llm-d flow control: strict priority bands, FCFS, dispatch while saturation < 1.
   probabilistic  llm-d probabilistic admitter: Band.LOW rejected with p = min(1, 300 * sat^5).
   kvgate         policy/admission.py's rules (quotas in seats, borrowing, fair queues, aging, limits).
+  kvgate_prefill the same plus a prefill budget (PREFILL_BUDGET_PER_WORKER): a SIMULATOR-ONLY rule, the
+                 gateway has no equivalent yet (docs/ADMISSION.md, "Overload settings").
 
 Saturation (GIE/llm-d utilization detector, PEERS.md §2.1) is computed from M signals (the last scrape):
 mean over workers of max(waiting / 5, kv_usage / 0.8), a worker whose scrape is older than 0.2 s
@@ -52,6 +54,9 @@ SATURATION_WAITING = 5  # GIE: a pod with more than 5 waiting requests is satura
 SATURATION_KV = 0.8  # GIE: a pod above 80 % KV usage is saturated
 STALE_S = 0.2  # GIE: metrics older than this count as saturated
 BANDS_DOWN = (Band.HIGH, Band.NORMAL, Band.LOW)
+# kvgate_prefill: pending prefill tokens per worker below which bands under HIGH are granted (1,024 per
+# worker on `overload`: high TTFT p99 within 1.5x of half load with either router, docs/SIMULATOR.md)
+PREFILL_BUDGET_PER_WORKER = 1024
 
 
 def saturation(cluster: ClusterView, now_s: float) -> float:
@@ -227,8 +232,11 @@ class KvgateGate(BaseGate):
 
     name = "kvgate"
 
-    def __init__(self, profile: EngineProfile, workers: int, config: KvgateConfig | None = None) -> None:
+    def __init__(
+        self, profile: EngineProfile, workers: int, config: KvgateConfig | None = None, name: str = "kvgate"
+    ) -> None:
         super().__init__()
+        self.name = name
         self.profile = profile
         self.config = cfg = config or KvgateConfig()
         per_worker = cfg.seats_per_worker or max(1, profile.capacity_tokens // max(1, cfg.tokens_per_seat))
@@ -246,9 +254,15 @@ class KvgateGate(BaseGate):
         self.tags: dict[Band, dict[str, int]] = {b: {} for b in Band}
         self.hold_s = 0.0  # moving average of lease hold times
         self.arrivals: dict[Band, deque[float]] = {b: deque() for b in Band}
-        self.ready: list[SimRequest] = []
+        self.ready: list[SimRequest] = []  # granted, not yet dispatched
+        self.ready_tokens = 0  # their prompt tokens: pending prefill the cluster does not see yet
         self.pressure_since_ms: int | None = None  # since when a band above LOW has had waiters
         self.cluster: ClusterView | None = None  # the cluster last seen (the same object every call)
+
+    @property
+    def release_on_first_token(self) -> bool:
+        """A prefill budget frees at first tokens: the loop must offer the gate a release then too."""
+        return self.config.prefill_budget_tokens is not None
 
     # ---- AdmissionGate ----------------------------------------------------------------------------
 
@@ -281,6 +295,7 @@ class KvgateGate(BaseGate):
             self.since[band] = now_ms
         if req.id in self._pump(now_ms):
             self.ready.remove(req)
+            self.ready_tokens -= req.input_tokens
             return Verdict.ADMIT
         ahead = bisect_left(queue, (tag, req.id)) + sum(len(self.queues[b]) for b in Band if b > band)
         wait = estimated_wait_s(ahead, self.capacity_seats, self.hold_s)
@@ -302,7 +317,7 @@ class KvgateGate(BaseGate):
         now_ms = _ms(now_s)
         self._reap(now_ms)
         self._pump(now_ms)
-        out, self.ready = self.ready, []
+        out, self.ready, self.ready_tokens = self.ready, [], 0
         return out
 
     def queued(self) -> int:
@@ -365,7 +380,9 @@ class KvgateGate(BaseGate):
         budget, cluster = self.config.prefill_budget_tokens, self.cluster
         if budget is None or cluster is None:
             return True
-        return sum(cluster.pending_prefill_tokens(w) for w in cluster.worker_ids) < budget
+        # granted requests join the cluster's pending prefill only when dispatched, after this pump
+        pending = self.ready_tokens + sum(cluster.pending_prefill_tokens(w) for w in cluster.worker_ids)
+        return pending < budget
 
     def _usage(self) -> Usage:
         return Usage(self.used_total, self.used_band, self.used_tenant)
@@ -418,6 +435,7 @@ class KvgateGate(BaseGate):
         self.vtime[band] = w.tag
         self.since[band] = now_ms
         self.ready.append(w.req)
+        self.ready_tokens += w.req.input_tokens
 
     def _leave(self, rid: int) -> None:
         w = self.waiters.pop(rid)
@@ -467,6 +485,12 @@ GATES: dict[str, GateFactory] = {
     "gie_flow": lambda profile, workers, seed: GieFlowGate(),
     "probabilistic": lambda profile, workers, seed: ProbabilisticGate(seed),
     "kvgate": lambda profile, workers, seed: KvgateGate(profile, workers),
+    "kvgate_prefill": lambda profile, workers, seed: KvgateGate(
+        profile,
+        workers,
+        KvgateConfig(prefill_budget_tokens=workers * PREFILL_BUDGET_PER_WORKER),
+        name="kvgate_prefill",
+    ),
 }
 
 

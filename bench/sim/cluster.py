@@ -54,7 +54,8 @@ class AdmissionGate(Protocol):
     def admit(self, req: SimRequest, cluster: ClusterView, now_s: float) -> Verdict: ...
 
     def release(self, cluster: ClusterView, now_s: float) -> Sequence[SimRequest]:
-        """Queued requests to dispatch now; called after finishes."""
+        """Queued requests to dispatch now; called after finishes (and after first tokens when the gate
+        has a true `release_on_first_token` attribute: a gate that limits pending prefill)."""
         ...
 
     def queued(self) -> int:
@@ -64,6 +65,8 @@ class AdmissionGate(Protocol):
 
 class NoAdmission:
     """Admit everything (the default): routing is measured alone."""
+
+    release_on_first_token = False
 
     def admit(self, req: SimRequest, cluster: ClusterView, now_s: float) -> Verdict:
         return Verdict.ADMIT
@@ -246,6 +249,7 @@ class _Run:
         self.now = 0.0
         self.engines_at = -math.inf  # every engine has been advanced to this time
         self.finished_since_release = False
+        self.release_on_first_token = bool(getattr(gate, "release_on_first_token", False))
         self.scrape_boundaries: set[int] = set()
 
     def push(self, time_s: float, phase: int, payload: object) -> None:
@@ -332,6 +336,7 @@ class _Run:
             record.cached_tokens = event.cached_tokens
             self.cluster.on_first_token(wid, req)
             self.router.on_first_token(req, wid, event.at_s)
+            self.finished_since_release |= self.release_on_first_token  # its prefill left the queue
         else:
             record.finish_s = event.at_s
             self.cluster.on_finish(wid)

@@ -100,12 +100,41 @@ def test_prefix_mode_per_model_overrides_the_routing_default() -> None:
             {"routing": {"tokenize_timeout_ms": 0}}, "routing.tokenize_timeout_ms", id="zero tokenize timeout"
         ),
         pytest.param({"routing": {"exact_block_size": -16}}, "routing.exact_block_size", id="negative block"),
+        pytest.param(
+            {"models": {"m": {"tokens_per_seat": 0}}}, "models.m.tokens_per_seat", id="zero seat size"
+        ),
+        pytest.param({"models": {"m": {"max_seats": 0}}}, "models.m.max_seats", id="zero max seats"),
     ],
 )
 def test_invalid_config_names_the_key(data: dict[str, object], path: str) -> None:
     with pytest.raises(ConfigError) as info:
         config_from_dict(data)
     assert str(info.value).startswith(f"{path}:")
+
+
+@pytest.mark.parametrize(
+    ("model", "uncached", "max_tokens", "seats"),
+    [
+        pytest.param({}, 90_000, 4_000, 1, id="requests counted by default: 1 seat"),
+        pytest.param({"count_seats": True}, 3_000, 1_000, 1, id="4096-token seats: a chat request is 1"),
+        pytest.param({"count_seats": True}, 90_000, 4_000, 16, id="4096-token seats: capped at 16"),
+        pytest.param(
+            {"count_seats": True, "tokens_per_seat": 512}, 3_000, 1_000, 8, id="512-token seats: 4000 is 8"
+        ),
+        pytest.param(
+            {"count_seats": True, "tokens_per_seat": 512, "max_seats": 64},
+            90_000,
+            4_000,
+            64,
+            id="512-token seats: capped at max_seats",
+        ),
+    ],
+)
+def test_model_seats_follow_its_seat_size(
+    model: dict[str, object], uncached: int, max_tokens: int, seats: int
+) -> None:
+    section = config_from_dict({"models": {"m": model}}).models["m"]
+    assert section.seats(uncached, max_tokens) == seats
 
 
 def test_unreadable_and_invalid_files(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from bench.sim.admission import (
     GATES,
+    PREFILL_BUDGET_PER_WORKER,
     GieFlowGate,
     GieShedGate,
     KvgateConfig,
@@ -292,8 +293,32 @@ def test_kvgate_prefill_headroom_holds_lower_bands_only() -> None:
     assert [r.id for r in gate.release(ONE, 0.1)] == [1]
 
 
+def test_kvgate_prefill_budget_counts_requests_granted_in_the_same_pump() -> None:
+    gate = kvgate(total_seats=100, prefill_budget_tokens=8192)
+    held = req(0, Band.HIGH, tokens=999)
+    gate.admit(held, ONE, 0.0)
+    busy = HandCluster(ONE.scrapes, pending={"w0": 10_000})
+    for rid in range(1, 6):  # 5 x 3000 prompt tokens queue behind the busy cluster
+        assert gate.admit(req(rid, Band.NORMAL, tokens=3000), busy, 0.0) is Verdict.QUEUE
+    gate.on_finish(held, "w0", 0.1)
+    # the cluster's prefill drained: grants stop once the granted prompts (not yet dispatched) fill it
+    assert [r.id for r in gate.release(ONE, 0.1)] == [1, 2, 3]
+    assert [r.id for r in gate.release(HandCluster(ONE.scrapes, pending={"w0": 9000}), 0.2)] == []
+
+
+def test_kvgate_prefill_budget_asks_for_a_release_at_first_tokens() -> None:
+    assert kvgate(prefill_budget_tokens=8192).release_on_first_token
+    assert not kvgate().release_on_first_token  # only seats free at finishes
+
+
+def test_kvgate_prefill_is_the_default_gate_plus_a_budget_per_worker() -> None:
+    named = make_gate("kvgate_prefill", PROFILE, 8, 1)
+    assert isinstance(named, KvgateGate)
+    assert named.config == KvgateConfig(prefill_budget_tokens=8 * PREFILL_BUDGET_PER_WORKER)
+
+
 def test_registry_names_are_the_stable_interface() -> None:
-    assert list(GATES) == ["none", "gie_shed", "gie_flow", "probabilistic", "kvgate"]
+    assert list(GATES) == ["none", "gie_shed", "gie_flow", "probabilistic", "kvgate", "kvgate_prefill"]
     assert resolve_admissions("all") == list(GATES)
     assert resolve_admissions("kvgate, none,kvgate") == ["kvgate", "none"]
     with pytest.raises(UnknownAdmission, match="known: none"):

@@ -191,6 +191,48 @@ def test_admission_gate_rejects_and_holds() -> None:
     assert by_id[7].dispatch_s > by_id[7].arrival_s  # type: ignore[operator]
 
 
+class PrefillGate:
+    """Holds a request while any prompt is still prefilling (R: pending prefill tokens)."""
+
+    def __init__(self, release_on_first_token: bool) -> None:
+        self.release_on_first_token = release_on_first_token
+        self.held: list[SimRequest] = []
+
+    def _prefilling(self, cluster: ClusterView) -> bool:
+        return any(cluster.pending_prefill_tokens(w) for w in cluster.worker_ids)
+
+    def admit(self, r: SimRequest, cluster: ClusterView, now_s: float) -> Verdict:
+        if self._prefilling(cluster):
+            self.held.append(r)
+            return Verdict.QUEUE
+        return Verdict.ADMIT
+
+    def release(self, cluster: ClusterView, now_s: float) -> list[SimRequest]:
+        out, self.held = ([], self.held) if self._prefilling(cluster) else (self.held, [])
+        return out
+
+    def queued(self) -> int:
+        return len(self.held)
+
+
+@pytest.mark.parametrize(
+    ("on_first_token", "released_at"),
+    [
+        pytest.param(True, "first_token_s", id="asks for first tokens: released when the prefill ends"),
+        pytest.param(False, "finish_s", id="default: released at the next finish"),
+    ],
+)
+def test_a_gate_may_ask_to_release_at_first_tokens(on_first_token: bool, released_at: str) -> None:
+    first, second = simulate(
+        [req(0, 0.0, out=200), req(1, 0.001)], RoundRobin(), PROFILE, 2, gate=PrefillGate(on_first_token)
+    ).records
+    assert first.first_token_s is not None and first.finish_s is not None
+    assert first.first_token_s < first.finish_s
+    # releases happen at the engines' time, the next scrape boundary (period 0.05 s) at the latest
+    assert second.dispatch_s is not None
+    assert getattr(first, released_at) <= second.dispatch_s <= getattr(first, released_at) + 0.05
+
+
 class LeastScrapedRunning:
     """Routes on M only: fewest running + waiting at the last scrape, ties in registry order."""
 
