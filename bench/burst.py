@@ -77,6 +77,9 @@ class BurstConfig:
     lease_ms: int = 4_000
     aging_ms: int = 5_000  # the admission default; 0 = strict priority
     high_reserve: int = 2  # seats low may never take (quota reserve:2): a high burst finds them free
+    # what each agent registers as its worker's max_concurrency (two-step admission's step two):
+    # -1 = per_worker (the quota is exactly the workers' places); 0 = unknown (no step two)
+    worker_capacity: int = -1
     seed: int = 1
 
     @property
@@ -360,7 +363,8 @@ def start_stack(stack: Stack, cfg: BurstConfig, work_dir: Path) -> None:
     stack.start_redis()
     for i in range(cfg.workers):
         url = stack.start_worker(f"w{i}", model=MODEL, profile=PROFILE, time_scale=cfg.time_scale)
-        stack.start_agent(f"w{i}", url, model=MODEL, extra=["--max-concurrency", str(cfg.per_worker)])
+        capacity = cfg.per_worker if cfg.worker_capacity < 0 else cfg.worker_capacity
+        stack.start_agent(f"w{i}", url, model=MODEL, extra=["--max-concurrency", str(capacity)])
     config = work_dir / "gateway.toml"
     config.write_text(gateway_toml(cfg))
     for g in range(cfg.gateways):
