@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from plugin.redis_server import EmbeddedRedis, free_port
 
@@ -51,6 +52,17 @@ def wait_http_ok(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | Non
     raise StackError(f"{url} not ready after {timeout_s} s: {last}")
 
 
+def stop_process(proc: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
+    """SIGTERM (kvgate's processes drain on it), then SIGKILL after `grace_s`; waits either way."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @dataclass
 class Process:
     name: str
@@ -58,13 +70,7 @@ class Process:
     log: Path
 
     def stop(self, grace_s: float = 10.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, grace_s)
 
 
 @dataclass

@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from bench.stack import stop_process
 from plugin.redis_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,15 +108,8 @@ class Gateway:
             self.proc.send_signal(signal.SIGTERM)
 
     def stop(self, grace_s: float = 10.0) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc, grace_s)
 
 
 @contextlib.asynccontextmanager

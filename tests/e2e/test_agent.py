@@ -29,6 +29,7 @@ from aiohttp import web
 
 from agent import index_store, registry
 from agent.registry import WorkerRecord
+from bench.stack import stop_process
 from plugin.redis_server import free_port
 from policy.prefix import token_block_hashes
 
@@ -127,13 +128,7 @@ def processes() -> Iterator[Callable[..., subprocess.Popen[str]]]:
 
     yield start
     for proc in started:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc, 5)
         if proc.stdout:
             proc.stdout.close()
 

@@ -10,7 +10,6 @@ index alone decides. Every wait polls; every process is stopped.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -21,6 +20,7 @@ import redis.asyncio as aioredis
 
 from agent import index_store, registry
 from bench.emulator.tokenizer import render_chat, tokenize
+from bench.stack import stop_process
 from plugin.redis_server import free_port
 from policy.prefix import token_block_hashes
 from tests.e2e.harness import Gateway, SseUpstream, chat, gateways, get, metric, poll, post, start_worker
@@ -58,13 +58,7 @@ def processes() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
 
     yield start
     for proc in started:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc, 5)
 
 
 @pytest.fixture
