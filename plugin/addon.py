@@ -87,7 +87,8 @@ class KvGate:
         self.pressure = PressureTracker()  # sheds low priority under sustained pressure (fed by queue_signal)
         self.auditor: Auditor | None = None  # drift audit (plugin/audit.py)
         self.draining = False
-        self.waiters: dict[str, set[asyncio.Task[Any]]] = {}  # client id -> its queued acquisitions
+        self.waiters: dict[str, set[asyncio.Task[Any]]] = {}  # client id -> its hooks awaiting admission
+        self.disconnected: set[asyncio.Task[Any]] = set()  # of those, cancelled because the client left
         self.queued: dict[str, int] = {}  # model -> requests of this process waiting for a slot
         self.suspects: dict[tuple[str, str], float] = {}  # (model, worker) -> skip until (monotonic)
         self.releases = 0
@@ -251,6 +252,7 @@ class KvGate:
     # -- client disconnects while queued -------------------------------------------------------------
     def client_disconnected(self, client: connection.Client) -> None:
         for task in self.waiters.pop(client.id, ()):
+            self.disconnected.add(task)  # plugin/admit.py takes this cancellation back
             task.cancel()
 
     # -- shared helpers for the children -------------------------------------------------------------
