@@ -102,8 +102,9 @@ class Release:
         gate.router.finished(route)
         if state.meter is not None:
             usage = state.meter.finish()
-        elif flow.response is not None and status < 400 and flow.response.content is not None:
-            usage = meter_json_body(flow.response.content)
+        elif flow.response is not None and status < 400:
+            content = flow.response.content  # decoded on every access: once
+            usage = meter_json_body(content) if content is not None else None
         else:
             usage = None
         record: dict[str, Any] = {
@@ -114,7 +115,7 @@ class Release:
             "band": band,
             "worker": route.worker.id,
             "reason": route.decision.reason,
-            "candidates": {w: dict(parts) for w, parts in route.decision.scores.items()},
+            "candidates": route.decision.scores,  # not changed after the decision: serialized as is
             "prefix_blocks": len(route.view.prefix_hashes),
             "hit_blocks": route.view.prefix_hits.get(route.worker.id, 0),
             "queued_ms": round(state.queued_s * 1000, 3),
