@@ -49,11 +49,11 @@ def make_flow(body: dict[str, object]) -> http.HTTPFlow:
     return flow
 
 
-async def one(gate: KvGate, flow: http.HTTPFlow) -> None:
+async def one(gate: KvGate, flow: http.HTTPFlow, response: http.Response) -> None:
     await gate.request(flow)
     if flow.response is not None:
         raise RuntimeError(f"refused: {flow.response.content!r}")
-    flow.response = tutils.tresp(content=COMPLETION)
+    flow.response = response
     gate.responseheaders(flow)
     gate.response(flow)
 
@@ -84,15 +84,19 @@ async def run(args: argparse.Namespace) -> None:
 async def measure(gate: KvGate, args: argparse.Namespace, system: str, rng: random.Random) -> None:
     warm = [make_flow(make_body(rng, system, i, stream=False)) for i in range(200)]
     for flow in warm:
-        await one(gate, flow)
+        await one(gate, flow, tutils.tresp(content=COMPLETION))
     flows = [make_flow(make_body(rng, system, 1000 + i, stream=False)) for i in range(args.requests)]
+    responses = [tutils.tresp(content=COMPLETION) for _ in flows]  # built outside the measurement too
     await asyncio.sleep(0.3)  # background writes of the warm-up done
     profiler = cProfile.Profile() if args.profile else None
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if profiler is not None:
         profiler.enable()
     for start in range(0, len(flows), args.concurrency):
-        await asyncio.gather(*(one(gate, f) for f in flows[start : start + args.concurrency]))
+        end = start + args.concurrency
+        await asyncio.gather(
+            *(one(gate, f, r) for f, r in zip(flows[start:end], responses[start:end], strict=True))
+        )
     await asyncio.sleep(0.25)  # let the last releases, records and index writes go out
     if profiler is not None:
         profiler.disable()
