@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from mitmproxy import http
 
-from plugin.context import FlowState, state_of
+from plugin.context import FlowState, put_headers, state_of
 from plugin.streaming import SseMeter, meter_json_body
 
 if TYPE_CHECKING:
@@ -40,14 +40,16 @@ class Release:
         if state is None or response is None:
             return
         if self.gate.config.gateway.response_headers:
+            ours: list[tuple[str, str]] = []
             if state.route is not None:
-                response.headers["x-kvgate-worker"] = state.route.worker.id
+                ours.append(("x-kvgate-worker", state.route.worker.id))
             if state.lease is not None or state.queued_s:
-                response.headers["x-kvgate-queued-ms"] = str(round(state.queued_s * 1000))
+                ours.append(("x-kvgate-queued-ms", str(round(state.queued_s * 1000))))
             if (held := state.extra.get("admission")) is not None:  # which admission step held it
-                response.headers["x-kvgate-held-by"] = held["held_by"]
-                response.headers["x-kvgate-reroutes"] = str(held["reroutes"])
-            response.headers["x-kvgate-request-id"] = state.request_id
+                ours.append(("x-kvgate-held-by", held["held_by"]))
+                ours.append(("x-kvgate-reroutes", str(held["reroutes"])))
+            ours.append(("x-kvgate-request-id", state.request_id))
+            put_headers(response.headers, ours)
         if state.route is None:
             return  # answered locally
         if response.headers.get("content-type", "").startswith("text/event-stream"):
