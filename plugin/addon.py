@@ -58,7 +58,7 @@ from plugin.release import Release
 from plugin.routing import Dispatch, Route, Router
 from plugin.slots import Lease, SlotPool
 from plugin.static_workers import StaticWorkers
-from plugin.tasks import spawn
+from plugin.tasks import cancel_and_wait, spawn
 from policy.pressure import PressureTracker
 
 logger = logging.getLogger(__name__)
@@ -87,10 +87,14 @@ class KvGate:
         self.pressure = PressureTracker()  # sheds low priority under sustained pressure (fed by queue_signal)
         self.auditor: Auditor | None = None  # drift audit (plugin/audit.py)
         self.draining = False
-        self.waiters: dict[str, set[asyncio.Task[Any]]] = {}  # client id -> its queued acquisitions
+        self.waiters: dict[str, set[asyncio.Task[Any]]] = {}  # client id -> its hooks awaiting admission
+        self.disconnected: set[asyncio.Task[Any]] = set()  # of those, cancelled because the client left
         self.queued: dict[str, int] = {}  # model -> requests of this process waiting for a slot
         self.suspects: dict[tuple[str, str], float] = {}  # (model, worker) -> skip until (monotonic)
         self.releases = 0
+        self._to_release: list[Lease] = []  # released by the flows, not yet sent (_release_loop)
+        self._release_wake = asyncio.Event()
+        self._releaser: asyncio.Task[None] | None = None
         self._started = False
         self._profiler: cProfile.Profile | None = None
         # The children are dispatched by the hooks below rather than registered as mitmproxy child
@@ -179,6 +183,7 @@ class KvGate:
             renew_every_ms=config.admission.renew_every_ms,
         )  # fmt: skip
         await self.pool.start()
+        self._releaser = spawn(self._release_loop(), name="kvgate-release")
         self.router = Router(
             config.routing, self.redis, prefix_modes=config.prefix_modes(), metrics=self.metrics
         )
@@ -230,7 +235,10 @@ class KvGate:
                 with contextlib.suppress(Exception):
                     await part.close()
         if self.pool is not None:
+            await cancel_and_wait(self._releaser)
+            self._releaser = None
             with contextlib.suppress(Exception):
+                await self._release_queued()  # what the flows gave back last
                 await self.pool.close()
         if self.redis is not None:
             with contextlib.suppress(Exception):
@@ -251,6 +259,7 @@ class KvGate:
     # -- client disconnects while queued -------------------------------------------------------------
     def client_disconnected(self, client: connection.Client) -> None:
         for task in self.waiters.pop(client.id, ()):
+            self.disconnected.add(task)  # plugin/admit.py takes this cancellation back
             task.cancel()
 
     # -- shared helpers for the children -------------------------------------------------------------
@@ -272,14 +281,29 @@ class KvGate:
         self.suspects[(route.model, route.worker.id)] = time.monotonic() + SUSPECT_S
 
     def release_lease(self, lease: Lease) -> None:
+        """Give `lease` back soon: queued for the release loop, which sends what one loop tick queued
+        in one pipelined round trip (no task per request)."""
         self.releases += 1
-        spawn(self._release(lease), name=f"kvgate-release-{lease.request_id}")
+        if not self._to_release:
+            self._release_wake.set()
+        self._to_release.append(lease)
+        if self._releaser is None:  # no release loop (stopping): send it now
+            spawn(self._release_queued(), name="kvgate-release-late")
 
-    async def _release(self, lease: Lease) -> None:
+    async def _release_loop(self) -> None:
+        while True:
+            await self._release_wake.wait()
+            self._release_wake.clear()
+            await self._release_queued()
+
+    async def _release_queued(self) -> None:
+        batch, self._to_release = self._to_release, []
+        if not batch:
+            return
         try:
-            await self.pool.release(lease)
-        except (RedisError, OSError) as e:  # the lease expires on its own
-            logger.warning("release of %s failed: %s", lease.request_id, e)
+            await self.pool.release_many(batch)
+        except (RedisError, OSError) as e:  # the leases expire on their own
+            logger.warning("release of %d leases failed: %s", len(batch), e)
 
     # -- local endpoints -----------------------------------------------------------------------------
     async def serve_local(self, endpoint: str) -> http.Response:

@@ -24,7 +24,6 @@ from plugin.context import accepted, fail_closed, now_s
 from plugin.errors import GatewayError
 from plugin.placement import Placed, Placement
 from plugin.slots import AdmissionRejected, Ticket
-from plugin.tasks import spawn
 
 if TYPE_CHECKING:
     from plugin.addon import KvGate
@@ -73,22 +72,31 @@ class Admission:
             lambda exclude: gate.dispatch.plan(state, parsed, caller, exclude),
             ttft_slo_s=caller.ttft_slo_s,
         )
-        task = spawn(placement.run(), name=f"kvgate-acquire-{state.request_id}")
+        # No task of its own: the hook's task awaits the placement (one round trip when free), and a
+        # client that leaves meanwhile cancels that task (KvGate.client_disconnected), which the
+        # placement gives everything back for; the cancellation is then taken back here.
+        me = asyncio.current_task()
+        if me is None:
+            raise RuntimeError("the admission hook must run in a task")
         waiting = gate.waiters.setdefault(client.id, set())
-        waiting.add(task)
+        waiting.add(me)
         gate.queued[parsed.model] = gate.queued.get(parsed.model, 0) + 1
         try:
-            await asyncio.wait({task})
-        finally:
-            waiting.discard(task)
-            if not waiting:
-                gate.waiters.pop(client.id, None)
-            gate.queued[parsed.model] -= 1
-        if task.cancelled():  # the client disconnected while queued
+            result = await placement.run()
+        except asyncio.CancelledError:
+            if me not in gate.disconnected:
+                raise
+            gate.disconnected.discard(me)
+            me.uncancel()
             gate.metrics.rejected.inc(parsed.model, "client_gone")
             _kill(flow)
             return
-        result = task.result()
+        finally:
+            gate.disconnected.discard(me)
+            waiting.discard(me)
+            if not waiting and gate.waiters.get(client.id) is waiting:
+                del gate.waiters[client.id]
+            gate.queued[parsed.model] -= 1
         if result is None:
             flow.response = GatewayError(
                 503, "no_healthy_worker", f"no healthy worker for {parsed.model!r}", retry_after_s=1

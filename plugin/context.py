@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -94,6 +94,14 @@ def fail_closed(
                 flow.response = openai_error(500, "gateway_error", "internal gateway error")
 
     return wrapper
+
+
+def put_headers(headers: http.Headers, pairs: Sequence[tuple[str, str]]) -> None:
+    """`headers[name] = value` for each (lower-case name, value), in one rebuild of the field list
+    instead of one per header (a header already present is replaced; ours go last)."""
+    new = tuple((name.encode(), value.encode("utf-8", "surrogateescape")) for name, value in pairs)
+    names = {name for name, _ in new}
+    headers.fields = tuple(f for f in headers.fields if f[0].lower() not in names) + new
 
 
 def now_s() -> float:

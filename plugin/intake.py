@@ -22,6 +22,24 @@ if TYPE_CHECKING:
     from plugin.addon import KvGate
 
 
+class HeaderMap(dict[str, str]):
+    """A request's headers read once: lower-cased name -> value, repeated headers joined with ", " (as
+    mitmproxy's `Headers.get` folds them); `get` is case-insensitive. The few lookups intake makes
+    then cost a dict lookup each instead of a scan of mitmproxy's header list."""
+
+    @classmethod
+    def of(cls, headers: http.Headers) -> HeaderMap:
+        out = cls()
+        for name, value in headers.fields:
+            key = name.lower().decode("utf-8", "surrogateescape")
+            text = value.decode("utf-8", "surrogateescape")
+            out[key] = f"{out[key]}, {text}" if key in out else text
+        return out
+
+    def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        return dict.get(self, key.lower(), default)
+
+
 class Intake:
     """Child addon: parse, authenticate and validate; serve the local endpoints."""
 
@@ -44,16 +62,15 @@ class Intake:
             gate.metrics.local.inc(endpoint)
             flow.response = await gate.serve_local(endpoint)
             return
-        state = FlowState(
-            request_id=request.headers.get("x-request-id") or uuid.uuid4().hex, received_at=now_s()
-        )
+        headers = HeaderMap.of(request.headers)
+        state = FlowState(request_id=headers.get("x-request-id") or uuid.uuid4().hex, received_at=now_s())
         flow.metadata[STATE] = state
         try:
             if gate.draining:
                 raise GatewayError(
                     503, "draining", "the gateway is shutting down; retry elsewhere", retry_after_s=1
                 )
-            state.caller = gate.auth.caller(request.headers)
+            state.caller = gate.auth.caller(headers)
             parsed = parse_completion(endpoint, request.content or b"", gate.config.limits)
             state.parsed = parsed
             if not gate.mirror_workers(parsed.model):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from mitmproxy import http
 
-from plugin.context import FlowState, state_of
+from plugin.context import FlowState, put_headers, state_of
 from plugin.streaming import SseMeter, meter_json_body
 
 if TYPE_CHECKING:
@@ -40,14 +40,16 @@ class Release:
         if state is None or response is None:
             return
         if self.gate.config.gateway.response_headers:
+            ours: list[tuple[str, str]] = []
             if state.route is not None:
-                response.headers["x-kvgate-worker"] = state.route.worker.id
+                ours.append(("x-kvgate-worker", state.route.worker.id))
             if state.lease is not None or state.queued_s:
-                response.headers["x-kvgate-queued-ms"] = str(round(state.queued_s * 1000))
+                ours.append(("x-kvgate-queued-ms", str(round(state.queued_s * 1000))))
             if (held := state.extra.get("admission")) is not None:  # which admission step held it
-                response.headers["x-kvgate-held-by"] = held["held_by"]
-                response.headers["x-kvgate-reroutes"] = str(held["reroutes"])
-            response.headers["x-kvgate-request-id"] = state.request_id
+                ours.append(("x-kvgate-held-by", held["held_by"]))
+                ours.append(("x-kvgate-reroutes", str(held["reroutes"])))
+            ours.append(("x-kvgate-request-id", state.request_id))
+            put_headers(response.headers, ours)
         if state.route is None:
             return  # answered locally
         if response.headers.get("content-type", "").startswith("text/event-stream"):
@@ -102,8 +104,9 @@ class Release:
         gate.router.finished(route)
         if state.meter is not None:
             usage = state.meter.finish()
-        elif flow.response is not None and status < 400 and flow.response.content is not None:
-            usage = meter_json_body(flow.response.content)
+        elif flow.response is not None and status < 400:
+            content = flow.response.content  # decoded on every access: once
+            usage = meter_json_body(content) if content is not None else None
         else:
             usage = None
         record: dict[str, Any] = {
@@ -114,7 +117,7 @@ class Release:
             "band": band,
             "worker": route.worker.id,
             "reason": route.decision.reason,
-            "candidates": {w: dict(parts) for w, parts in route.decision.scores.items()},
+            "candidates": route.decision.scores,  # not changed after the decision: serialized as is
             "prefix_blocks": len(route.view.prefix_hashes),
             "hit_blocks": route.view.prefix_hits.get(route.worker.id, 0),
             "queued_ms": round(state.queued_s * 1000, 3),

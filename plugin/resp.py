@@ -202,8 +202,12 @@ class RespChannel:
     async def pipeline(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         """Send `commands` together (one write) and return their replies; raises the first error
         reply after all have answered. Not resent after a lost connection."""
+        return await self.pipeline_packed([pack(c) for c in commands])
+
+    async def pipeline_packed(self, commands: Sequence[bytes]) -> list[Any]:
+        """`pipeline` of commands packed already (`pack`)."""
         protocol = await self._ready()
-        futures = [self._send(protocol, pack(c)) for c in commands]
+        futures = [self._send(protocol, c) for c in commands]
         try:
             return list(await asyncio.wait_for(asyncio.gather(*futures), self.timeout_s))
         except TimeoutError:

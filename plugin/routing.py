@@ -437,7 +437,9 @@ class Dispatch:
             return
         request = flow.request
         up = route.upstream
-        request.scheme, request.host, request.port = up.scheme, up.host, up.port  # also rewrites Host
+        # the host and port setters each rebuild Host/authority: set the host plainly and let the port
+        # setter (the last one) rebuild them once, to the same end state
+        request.scheme, request.data.host, request.port = up.scheme, up.host, up.port
         request.headers["x-request-id"] = state.request_id
         if parsed.stream and not parsed.include_usage and gate.config.streaming.collect_usage:
             request.content = with_usage_requested(request.content or b"", parsed.body)

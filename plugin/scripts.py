@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
-from plugin.resp import Head, RespChannel, head
+from plugin.resp import Head, RespChannel, head, pack
 from policy import keys
 from policy.admission import AdmitCode, CheckStatus, ClaimCode, ReleaseCode
 from policy.keys import PREFIX, model_key
@@ -138,20 +138,26 @@ class AdmissionScripts:
     async def _call(
         self, name: str, model: str, now_ms: int | None, *args: Any, worker: str | None = None
     ) -> Any:
-        keys_ = _model_keys(model, worker)
-        script = self._scripts[name]
         if self._fast is not None:
-            first = self._heads.get((name, model, worker))
-            if first is None:
-                if len(self._heads) > 10_000:  # bounded: many models or one-off workers
-                    self._heads.clear()
-                first = self._heads[(name, model, worker)] = head("EVALSHA", script.sha, len(keys_), *keys_)
             try:
-                return await self._fast.execute(now_ms or 0, self.channel, *args, first=first)
+                return await self._fast.execute(
+                    now_ms or 0, self.channel, *args, first=self._head(name, model, worker)
+                )
             except NoScriptError:
                 pass  # not loaded on this server (yet): redis-py loads it and retries
         argv = [str(now_ms or 0), self.channel, *(str(a) for a in args)]
-        return await script(keys=keys_, args=argv)
+        return await self._scripts[name](keys=_model_keys(model, worker), args=argv)
+
+    def _head(self, name: str, model: str, worker: str | None) -> Head:
+        first = self._heads.get((name, model, worker))
+        if first is None:
+            if len(self._heads) > 10_000:  # bounded: many models or one-off workers
+                self._heads.clear()
+            keys_ = _model_keys(model, worker)
+            first = self._heads[(name, model, worker)] = head(
+                "EVALSHA", self._scripts[name].sha, len(keys_), *keys_
+            )
+        return first
 
     async def acquire(
         self,
@@ -180,6 +186,22 @@ class AdmissionScripts:
         args = (request_id, model) if worker else (request_id,)
         r = await self._call("release", model, now_ms, *args, worker=worker)
         return ReleaseReply(ReleaseCode(int(r[0])), int(r[1]), _ids(r[2]))
+
+    async def release_many(self, leases: Sequence[tuple[str, str, str | None]]) -> None:
+        """`release` for each (model, request id, worker), sent together in one write (one round trip)."""
+        if self._fast is not None:
+            commands = [
+                pack((0, self.channel, rid, model) if worker else (0, self.channel, rid),
+                     self._head("release", model, worker))
+                for model, rid, worker in leases
+            ]  # fmt: skip
+            try:
+                await self._fast.pipeline_packed(commands)
+                return
+            except NoScriptError:
+                pass  # not loaded yet: one by one through redis-py (releasing twice is harmless)
+        for model, rid, worker in leases:
+            await self.release(model, rid, worker=worker)
 
     async def claim(self, model: str, request_id: str, worker: str, now_ms: int | None = None) -> ClaimReply:
         """Place a held lease on a worker (step two for a request that was granted after waiting)."""

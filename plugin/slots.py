@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -296,6 +296,15 @@ class SlotPool:
         await self.scripts.release(lease.model, lease.request_id, worker=lease.worker)
         if lease.worker is not None:
             self._room(lease.model)
+
+    async def release_many(self, leases: Sequence[Lease]) -> None:
+        """`release` for each lease, in one round trip (one pipelined write)."""
+        held = [lease for lease in leases if self._held.pop(lease.request_id, None) is not None]
+        if not held:
+            return
+        await self.scripts.release_many([(lease.model, lease.request_id, lease.worker) for lease in held])
+        for model in {lease.model for lease in held if lease.worker is not None}:
+            self._room(model)
 
     def _room(self, model: str) -> None:
         freed = self._freed.pop(model, None)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from policy.article import article_policy
 from policy.config import RoutingConfig
@@ -40,7 +41,8 @@ class KvgatePolicy:
     config: RoutingConfig = field(default_factory=RoutingConfig)
     name: str = "kvgate"
 
-    @property
+    # The parts below depend on the (frozen) config only: built once per policy, not per decision.
+    @cached_property
     def ttft(self) -> PredictedTtft:
         t = self.config.ttft
         model = TtftModel(
@@ -49,6 +51,10 @@ class KvgatePolicy:
         return PredictedTtft(model=model, min_gain=self.config.min_cache_gain)
 
     def filters(self) -> Sequence[Filter]:
+        return self._filters
+
+    @cached_property
+    def _filters(self) -> tuple[Filter, ...]:
         c, ttft = self.config, self.ttft
         return (
             Eligible(),
@@ -78,7 +84,7 @@ class KvgatePolicy:
             return Decision.reject(f"no worker left after {emptied}")
         ttft = self.ttft
         ttfts = ttft.ttfts(req, candidates)
-        cold = ColdStart(c.cold_start.period_s, c.cold_start.discount).score(req, candidates, now_s)
+        cold = self._cold_start.score(req, candidates, now_s)
         prompt = max(req.prompt_tokens, 1)
         hits = {w.id: effective_hit_tokens(req, w.id, c.min_cache_gain) for w in candidates}
         replicate = self._replicate_hot(req, hits)
@@ -107,6 +113,10 @@ class KvgatePolicy:
         if replicate:
             narrowed = [*narrowed, "replicate"]
         return Decision(worker=winner, reason=_reason(req, winner, scores[winner], narrowed), scores=scores)
+
+    @cached_property
+    def _cold_start(self) -> ColdStart:
+        return ColdStart(self.config.cold_start.period_s, self.config.cold_start.discount)
 
     def _replicate_hot(self, req: RequestView, hits: dict[str, int]) -> bool:
         """Hot prefix with non-holders among the candidates: below the cap, or ReplicaCap found the

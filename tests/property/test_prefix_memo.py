@@ -70,3 +70,30 @@ def test_memo_stays_bounded() -> None:
     for i in range(200):
         hasher.block_hashes(f"text {i} " * 20, model="m", chunk_chars=16)
         assert hasher._bytes == sum(map(len, hasher._steps)) <= 2000
+
+
+# texts that share leading chunks with recent ones in every way: grown (a conversation's next turn),
+# cut, diverging inside a chunk or at a boundary, with other limits
+growth = st.lists(
+    st.tuples(st.integers(0, 400), st.text(alphabet="abé✓ ", max_size=120)), min_size=1, max_size=8
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    steps=growth,
+    chunk_chars=st.integers(1, 48),
+    max_blocks=st.lists(st.integers(1, 30), min_size=1, max_size=3),
+    max_bytes=st.sampled_from([1, 300, 1 << 20]),
+)
+def test_recent_prefixes_give_the_policy_hashes(
+    steps: list[tuple[int, str]], chunk_chars: int, max_blocks: list[int], max_bytes: int
+) -> None:
+    hasher = PromptHasher(max_bytes=max_bytes)
+    text = "You are a helpful assistant. " * 8
+    for i, (keep, tail) in enumerate(steps):
+        text = text[:keep] + tail if keep < len(text) else text + tail
+        limit = max_blocks[i % len(max_blocks)]
+        got = hasher.block_hashes(text, model="m", chunk_chars=chunk_chars, max_blocks=limit)
+        assert got == text_block_hashes(text, model="m", chunk_chars=chunk_chars, max_blocks=limit)
+    assert hasher._recent_chars == sum(len(r.pieces) * chunk_chars for r in hasher._recent.values())

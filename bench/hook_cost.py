@@ -1,0 +1,121 @@
+"""The addon's own CPU per request, in process: KvGate's hooks without mitmproxy's proxy around them.
+
+A real embedded redis-server, one registered worker, the bench's 4k-token requests (shared system
+prompt + unique question, bench/overhead.py); `concurrency` requests at a time go through
+request → responseheaders → response (a small JSON completion), and the background tasks
+(release, decision log, index writes, mirror) run on the same loop. Prints CPU µs per request
+(process time over the whole run, flow construction excluded) and, with `--profile PATH`, writes
+cProfile stats of the measured part. A quick way to compare hot-path changes; the figure the
+issue asks about is `kvgate bench overhead`'s `addon_own_cpu_ms_per_request`.
+
+    python -m bench.hook_cost [--requests 3000] [--concurrency 8] [--profile /tmp/hooks.prof]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from mitmproxy import http
+from mitmproxy.test import taddons, tflow, tutils
+
+from agent import registry
+from agent.registry import WorkerRecord
+from bench.live_scenarios import filler_text
+from bench.overhead import MODEL, PROMPT_TOKENS, kvgate_config, make_body
+from plugin.addon import KvGate
+from plugin.mirror import wall_ms
+from plugin.redis_server import EmbeddedRedis
+
+COMPLETION = json.dumps(
+    {"choices": [{"message": {"content": "ok"}}], "usage": {"prompt_tokens": 4000, "completion_tokens": 1}}
+).encode()
+
+
+def make_flow(body: dict[str, object]) -> http.HTTPFlow:
+    flow = tflow.tflow(
+        req=tutils.treq(
+            method=b"POST", path=b"/v1/chat/completions", content=json.dumps(body).encode(),
+            headers=http.Headers(host="gateway", content_type="application/json"),
+        )
+    )  # fmt: skip
+    flow.client_conn.timestamp_end = None  # still connected
+    return flow
+
+
+async def one(gate: KvGate, flow: http.HTTPFlow, response: http.Response) -> None:
+    await gate.request(flow)
+    if flow.response is not None:
+        raise RuntimeError(f"refused: {flow.response.content!r}")
+    flow.response = response
+    gate.responseheaders(flow)
+    gate.response(flow)
+
+
+async def run(args: argparse.Namespace) -> None:
+    rng = random.Random(1)
+    system = filler_text(rng, PROMPT_TOKENS)
+    embedded = EmbeddedRedis().start()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            config = kvgate_config(Path(tmp) / "kvgate.toml")
+            gate = KvGate()
+            with taddons.context(gate) as tctx:
+                tctx.configure(gate, kvgate_config=str(config), kvgate_redis_url=embedded.url)
+                await gate.running()
+                assert gate.redis is not None and gate.mirror is not None
+                worker = WorkerRecord(id="w0", model=MODEL, url="http://127.0.0.1:9")
+                await registry.register(gate.redis, worker, 600_000, wall_ms())
+                await gate.mirror.refresh()
+                try:
+                    await measure(gate, args, system, rng)
+                finally:
+                    await gate.done()
+    finally:
+        embedded.stop()
+
+
+async def measure(gate: KvGate, args: argparse.Namespace, system: str, rng: random.Random) -> None:
+    warm = [make_flow(make_body(rng, system, i, stream=False)) for i in range(200)]
+    for flow in warm:
+        await one(gate, flow, tutils.tresp(content=COMPLETION))
+    flows = [make_flow(make_body(rng, system, 1000 + i, stream=False)) for i in range(args.requests)]
+    responses = [tutils.tresp(content=COMPLETION) for _ in flows]  # built outside the measurement too
+    await asyncio.sleep(0.3)  # background writes of the warm-up done
+    profiler = cProfile.Profile() if args.profile else None
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
+    for start in range(0, len(flows), args.concurrency):
+        end = start + args.concurrency
+        await asyncio.gather(
+            *(one(gate, f, r) for f, r in zip(flows[start:end], responses[start:end], strict=True))
+        )
+    await asyncio.sleep(0.25)  # let the last releases, records and index writes go out
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(args.profile)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    print(
+        f"{args.requests} requests, concurrency {args.concurrency}: {1e6 * cpu / args.requests:.0f} µs CPU "
+        f"per request (wall {wall:.2f} s, releases {gate.releases})"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.hook_cost", description=__doc__)
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--profile", default="", help="write cProfile stats of the measured part here")
+    asyncio.run(run(parser.parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
