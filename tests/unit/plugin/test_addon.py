@@ -6,6 +6,7 @@ is written with agent.registry, and the slot pool is the real one on the test Re
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -71,6 +72,13 @@ async def gate(redis: aioredis.Redis, redis_url: str, tmp_path: Path) -> AsyncIt
         redis, WorkerRecord(id="w0", model=MODEL, url="http://10.1.2.3:8000"), 60_000, now
     )
     await write_quota(redis, MODEL, Quota(total=2, count_seats=False))
+    async with running_gate(config, redis_url) as addon:
+        yield addon
+
+
+@contextlib.asynccontextmanager
+async def running_gate(config: Path, redis_url: str) -> AsyncIterator[KvGate]:
+    """A KvGate configured from `config` on the test Redis, running until the block ends."""
     addon = KvGate()
     with taddons.context(addon) as tctx:
         tctx.configure(addon, kvgate_config=str(config), kvgate_redis_url=redis_url, kvgate_gateway_id="t")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 from mitmproxy import http
-from mitmproxy.test import taddons, tutils
+from mitmproxy.test import tutils
 
 from agent import registry
 from agent.registry import WorkerRecord
@@ -26,7 +26,7 @@ from plugin.quotas import write_quota
 from plugin.slots import Lease, SlotPool, Ticket
 from policy.admission import Quota
 from policy.types import Band
-from tests.unit.plugin.test_addon import MODEL, error_of, request_flow
+from tests.unit.plugin.test_addon import MODEL, error_of, request_flow, running_gate
 
 
 async def write_setup(redis: aioredis.Redis, tmp_path: Path, mode: str) -> Path:
@@ -62,14 +62,8 @@ async def fill(pool: SlotPool, worker: str, n: int = 1) -> list[Lease]:
 async def gate(request: pytest.FixtureRequest, redis: aioredis.Redis, redis_url: str,
                tmp_path: Path) -> AsyncIterator[KvGate]:  # fmt: skip
     config = await write_setup(redis, tmp_path, request.param)
-    addon = KvGate()
-    with taddons.context(addon) as tctx:
-        tctx.configure(addon, kvgate_config=str(config), kvgate_redis_url=redis_url, kvgate_gateway_id="t")
-        await addon.running()
-        try:
-            yield addon
-        finally:
-            await addon.done()
+    async with running_gate(config, redis_url) as addon:
+        yield addon
 
 
 async def until(check: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
@@ -222,18 +216,12 @@ async def test_reroute_finds_a_free_worker_beyond_its_attempts_without_waiting(
     )
     monkeypatch.setattr(plugin.placement, "WORKER_RECHECK_S", 60.0)  # no periodic re-check to rescue it
     (blocker,) = await fill(other, "w0")
-    addon = KvGate()
-    with taddons.context(addon) as tctx:
-        tctx.configure(addon, kvgate_config=str(config), kvgate_redis_url=redis_url, kvgate_gateway_id="t")
-        await addon.running()
-        try:
-            flow = request_flow()
-            # w0 (the first choice) is full and no attempt is left: the request takes a seat to wait
-            # with, and then tries the workers not found full before waiting for any sign of room
-            await asyncio.wait_for(addon.request(flow), 5)
-            state = state_of(flow)
-            assert state is not None and state.lease is not None and state.lease.worker == "w1"
-            assert held(flow)["held_by"] == "worker"
-        finally:
-            await addon.done()
+    async with running_gate(config, redis_url) as addon:
+        flow = request_flow()
+        # w0 (the first choice) is full and no attempt is left: the request takes a seat to wait
+        # with, and then tries the workers not found full before waiting for any sign of room
+        await asyncio.wait_for(addon.request(flow), 5)
+        state = state_of(flow)
+        assert state is not None and state.lease is not None and state.lease.worker == "w1"
+        assert held(flow)["held_by"] == "worker"
     await other.release(blocker)
