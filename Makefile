@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	  echo "kvgate needs Python >= 3.11 (3.12+ preferred); found $$($(PYTHON) -V 2>&1). Set PYTHON=/path/to/python3.12"; \
 	  exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info>=(3,12) else 1)' || \
-	  echo "note: no Python >= 3.12 found, using $$($(PYTHON) -V 2>&1) with mitmproxy 11.0.2 and $(H11_FIXED) (prefer 3.12+)"
+	  echo "note: using $$($(PYTHON) -V 2>&1) with mitmproxy 11.0.2 and $(H11_FIXED) (prefer 3.12+)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
 	$(BIN)/pip install -q -e '.[dev]' 2>&1 | grep -vE 'is ignored|BuildBackendWarning|_filter_existing' ; test $${PIPESTATUS[0]} -eq 0
