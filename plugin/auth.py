@@ -59,33 +59,13 @@ class Auth:
     def max_wait_s(self, header_value: str | None) -> float:
         """Queue wait budget in seconds: the config default, or the header's value if lower (0 = no wait)."""
         default_ms = self.config.admission.max_wait_ms
-        if header_value is None or not header_value.strip():
-            return default_ms / 1000
-        try:
-            asked_ms = int(header_value.strip())
-        except ValueError:
-            raise GatewayError(
-                400, "invalid_wait_budget", f"{self.config.priority.wait_header} must be integer milliseconds"
-            ) from None
-        if asked_ms < 0:
-            raise GatewayError(400, "invalid_wait_budget", f"{self.config.priority.wait_header} must be >= 0")
-        return min(asked_ms, default_ms) / 1000
+        asked_ms = header_ms(header_value, self.config.priority.wait_header, "invalid_wait_budget", minimum=0)
+        return default_ms / 1000 if asked_ms is None else min(asked_ms, default_ms) / 1000
 
     def ttft_slo_s(self, header_value: str | None) -> float | None:
         """The TTFT SLO header in seconds (None when absent); 400 unless positive integer ms."""
-        if header_value is None or not header_value.strip():
-            return None
-        try:
-            slo_ms = int(header_value.strip())
-        except ValueError:
-            slo_ms = 0
-        if slo_ms <= 0:
-            raise GatewayError(
-                400,
-                "invalid_ttft_slo",
-                f"{self.config.priority.slo_header} must be positive integer milliseconds",
-            )
-        return slo_ms / 1000
+        slo_ms = header_ms(header_value, self.config.priority.slo_header, "invalid_ttft_slo", minimum=1)
+        return None if slo_ms is None else slo_ms / 1000
 
     def caller(self, headers: Mapping[str, str]) -> Caller:
         tenant = self.tenant(headers.get("authorization"))
@@ -95,6 +75,19 @@ class Auth:
             max_wait_s=self.max_wait_s(headers.get(self.config.priority.wait_header)),
             ttft_slo_s=self.ttft_slo_s(headers.get(self.config.priority.slo_header)),
         )
+
+
+def header_ms(value: str | None, header: str, code: str, *, minimum: int) -> int | None:
+    """A header of integer milliseconds >= `minimum`; None when absent or blank; else 400 `code`."""
+    if value is None or not value.strip():
+        return None
+    try:
+        ms = int(value.strip())
+    except ValueError:
+        raise GatewayError(400, code, f"{header} must be integer milliseconds") from None
+    if ms < minimum:
+        raise GatewayError(400, code, f"{header} must be >= {minimum}")
+    return ms
 
 
 def bearer_token(authorization: str | None) -> str | None:
