@@ -40,7 +40,6 @@ from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.tools.dump import DumpMaster
 from redis.exceptions import RedisError
 
-from agent.registry import WorkerRecord
 from plugin.admit import Admission
 from plugin.audit import Auditor
 from plugin.auth import Auth
@@ -53,13 +52,14 @@ from plugin.metrics import GatewayMetrics
 from plugin.mirror import ClusterMirror, wall_ms
 from plugin.prefix_memo import PromptHasher
 from plugin.quotas import ensure_quotas
-from plugin.redis_server import EmbeddedRedis
 from plugin.release import Release
 from plugin.routing import Dispatch, Route, Router
-from plugin.slots import Lease, SlotPool
 from plugin.static_workers import StaticWorkers
-from plugin.tasks import cancel_and_wait, spawn
 from policy.pressure import PressureTracker
+from runtime.tasks import cancel_and_wait, spawn
+from store.redis_server import EmbeddedRedis
+from store.registry import WorkerRecord
+from store.slots import Lease, SlotPool
 
 logger = logging.getLogger(__name__)
 

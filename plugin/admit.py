@@ -1,7 +1,7 @@
 """Admission, the second child on a completion request: a global slot on a worker with room.
 
 Two-step admission (plugin/placement.py): the request is routed first (memory only), then the slot
-pool (plugin/slots.py) takes a seat and checks the chosen worker's capacity in one Redis round trip
+pool (store/slots.py) takes a seat and checks the chosen worker's capacity in one Redis round trip
 when both have room. Otherwise the request waits in the global priority queue that all gateways
 share, or for a worker (rerouted first, per model: `on_worker_full`). While it waits, the request's
 client may leave: `KvGate.client_disconnected` cancels the wait (the pool is cancellation-safe: the
@@ -23,7 +23,7 @@ from plugin.config import ModelSection
 from plugin.context import accepted, fail_closed, now_s
 from plugin.errors import GatewayError
 from plugin.placement import Placed, Placement
-from plugin.slots import AdmissionRejected, Ticket
+from store.slots import AdmissionRejected, Ticket
 
 if TYPE_CHECKING:
     from plugin.addon import KvGate

@@ -37,7 +37,7 @@ class FlowState:
     received_at: float  # time.monotonic() when the request hook saw it
     parsed: ParsedRequest | None = None
     caller: Caller | None = None
-    lease: Any = None  # plugin.slots.Lease while a slot is held; popped exactly once on release
+    lease: Any = None  # store.slots.Lease while a slot is held; popped exactly once on release
     queued_s: float = 0.0
     route: Route | None = None
     meter: SseMeter | None = None

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from plugin.context import now_s
-from plugin.slots import AdmissionRejected, Lease, SloUnreachable, Ticket, WaitBudgetExceeded, WorkerFull
+from store.slots import AdmissionRejected, Lease, SloUnreachable, Ticket, WaitBudgetExceeded, WorkerFull
 
 if TYPE_CHECKING:
     from plugin.addon import KvGate

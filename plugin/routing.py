@@ -36,12 +36,9 @@ import redis.asyncio as aioredis
 from mitmproxy import http
 from redis.exceptions import RedisError
 
-from agent import index_store
-from agent.registry import WorkerRecord
 from plugin.config import RoutingSection
 from plugin.context import accepted, fail_closed
 from plugin.errors import GatewayError
-from plugin.tasks import cancel_and_wait, spawn
 from plugin.tokenize import TokenizeFailed, Tokenizer
 from policy.config import RoutingConfig
 from policy.index import PrefixIndex
@@ -49,6 +46,9 @@ from policy.kvgate import build_policy
 from policy.prefix import canonical_text, text_block_hashes
 from policy.state import RoutingState
 from policy.types import Band, Decision, RequestView, WorkerView
+from runtime.tasks import cancel_and_wait, spawn
+from store import index_store
+from store.registry import WorkerRecord
 
 if TYPE_CHECKING:
     from plugin.addon import KvGate

@@ -1,7 +1,7 @@
 """The KvGate addon's hooks in `taddons` with a real Redis: options, refusals, rerouting, release.
 
 No sockets to workers are opened: hooks are called directly (MITMPROXY.md §6), the worker registry
-is written with agent.registry, and the slot pool is the real one on the test Redis.
+is written with store.registry, and the slot pool is the real one on the test Redis.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import redis.asyncio as aioredis
 from mitmproxy import exceptions, http
 from mitmproxy.test import taddons, tflow, tutils
 
-from agent import registry
-from agent.registry import WorkerRecord
 from plugin.addon import KvGate
 from plugin.context import state_of
 from plugin.mirror import wall_ms
 from plugin.quotas import write_quota
 from policy.admission import Quota
+from store import registry
+from store.registry import WorkerRecord
 
 MODEL = "m"
 

@@ -17,15 +17,15 @@ import redis.asyncio as aioredis
 from mitmproxy import http
 from mitmproxy.test import tutils
 
-from agent import registry
-from agent.registry import WorkerRecord
 from plugin.addon import KvGate
 from plugin.context import state_of
 from plugin.mirror import wall_ms
 from plugin.quotas import write_quota
-from plugin.slots import Lease, SlotPool, Ticket
 from policy.admission import Quota
 from policy.types import Band
+from store import registry
+from store.registry import WorkerRecord
+from store.slots import Lease, SlotPool, Ticket
 from tests.unit.plugin.test_addon import MODEL, error_of, request_flow, running_gate
 
 
