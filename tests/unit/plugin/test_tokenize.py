@@ -15,8 +15,10 @@ from aiohttp import web
 
 from bench.emulator.tokenizer import render_chat, tokenize
 from plugin.config import RoutingSection
+from plugin.flow import Prompt
 from plugin.metrics import GatewayMetrics
-from plugin.routing import Prompt, Router, hash_prompt
+from plugin.prefix_memo import hash_prompt
+from plugin.routing import Router
 from plugin.tokenize import TokenizeFailed, Tokenizer, response_tokens, tokenize_request
 from policy.prefix import token_block_hashes
 from policy.types import Band
