@@ -18,7 +18,7 @@ from mitmproxy import http
 
 from plugin.context import GatewayContext
 from plugin.flow import NOT_HELD, FlowState, put_headers, state_of
-from plugin.streaming import SseMeter, meter_json_body
+from plugin.streaming import SseMeter, Usage, meter_json_body
 
 logger = logging.getLogger(__name__)
 CONNECT_FAILURE_MARKERS = ("connect", "refused", "unreachable", "name or service")
@@ -96,6 +96,7 @@ class Release:
         if route is None:
             return
         ctx.router.finished(route)
+        usage: Usage | None
         if state.meter is not None:
             usage = state.meter.finish()
         elif flow.response is not None and status < 400:
