@@ -7,8 +7,6 @@ when the client did not (so the gateway can meter it; the usage chunk is strippe
 
 from __future__ import annotations
 
-import json
-
 from mitmproxy import http
 
 from plugin.context import GatewayContext
@@ -39,17 +37,10 @@ class Dispatch:
         # setter (the last one) rebuild them once, to the same end state
         request.scheme, request.data.host, request.port = up.scheme, up.host, up.port
         request.headers["x-request-id"] = state.request_id
-        if parsed.stream and not parsed.include_usage and self.ctx.config.streaming.collect_usage:
-            request.content = with_usage_requested(request.content or b"", parsed.body)
+        ask_usage = parsed.endpoint.request_usage
+        wanted = parsed.stream and not parsed.include_usage and self.ctx.config.streaming.collect_usage
+        if ask_usage is not None and wanted:
+            request.content = ask_usage(request.content or b"", parsed.body)
             state.usage_requested = True
         kind = "hit" if route.view.prefix_hits.get(route.worker.id, 0) else "miss"
         self.ctx.metrics.routed.inc(parsed.model, route.worker.id, kind)
-
-
-def with_usage_requested(raw: bytes, body: dict[str, object]) -> bytes:
-    """The body with `stream_options.include_usage = true` (cheap splice when the key is absent)."""
-    if "stream_options" not in body:
-        start = raw.find(b"{")
-        return raw[: start + 1] + b'"stream_options":{"include_usage":true},' + raw[start + 1 :]
-    options = dict(body["stream_options"]) if isinstance(body["stream_options"], dict) else {}
-    return json.dumps({**body, "stream_options": {**options, "include_usage": True}}).encode()
