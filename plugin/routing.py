@@ -36,6 +36,7 @@ from redis.exceptions import RedisError
 from plugin.config import RoutingSection
 from plugin.flow import Prompt, Route, Upstream
 from plugin.tokenize import TokenizeFailed, Tokenizer, TokenizeRequest, tokenize_request
+from policy.baselines import least_loaded, round_robin
 from policy.config import RoutingConfig
 from policy.index import PrefixIndex
 from policy.kvgate import build_policy
@@ -283,11 +284,11 @@ class Router:
     def _decide(self, view: RequestView, views: list[WorkerView], now: float) -> Decision:
         policy = self.section.policy
         if policy == "round_robin":
-            pick = views[next(self._round_robin) % len(views)]
-            return Decision(pick.id, "round robin")
+            return Decision(round_robin([w.id for w in views], next(self._round_robin)), "round robin")
         if policy == "least_loaded":
-            pick = min(views, key=lambda w: (w.inflight + w.waiting, self.rng.random()))
-            return Decision(pick.id, "least loaded")
+            load = {w.id: float(w.inflight + w.waiting) for w in views}
+            pick = least_loaded(list(load), load.__getitem__, lambda _: self.rng.random())
+            return Decision(pick, "least loaded")
         return self.policy.decide(view, views, self.rng, now)
 
     def upstream(self, url: str) -> Upstream:
