@@ -57,8 +57,8 @@ PUBLISHED_MAX = 100_000  # per worker, bounded memory for that bookkeeping
 DEFAULT_CAPACITY_TOKENS = 1_000_000  # a worker that did not report its KV size
 DEFAULT_BLOCK_SIZE = 16  # exact mode, when neither the config nor the agents give a block size
 # Index writes are batched this long: each batch costs ~0.3 ms of redis-py CPU here and as much again
-# in every gateway's mirror reading it back, so at 20 ms they cost ~0.15 ms per request at ~170 req/s;
-# other gateways learn a placement up to this much later.
+# in every gateway's mirror reading it back, whatever the number of requests it carries, so a longer
+# window costs less per request; other gateways learn a placement up to this much later.
 INDEX_BATCH_S = 0.1
 
 
