@@ -27,7 +27,7 @@ import random
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
@@ -235,22 +235,9 @@ class Router:
         worker = next(w for w in workers if w.id == decision.worker)
         return Route(model, worker, self.upstream(worker.url), decision, view)
 
-    def route(
-        self,
-        *,
-        request_id: str,
-        model: str,
-        prompt: Prompt,
-        max_tokens: int,
-        band: Band,
-        tenant: str,
-        workers: Sequence[WorkerRecord],
-    ) -> Route | None:
-        """`choose()`, then `reserve()` and `record()` the choice (a request placed at once)."""
-        route = self.choose(
-            request_id=request_id, model=model, prompt=prompt, max_tokens=max_tokens, band=band,
-            tenant=tenant, workers=workers,
-        )  # fmt: skip
+    def route(self, **request: Any) -> Route | None:
+        """`choose(**request)`, then `reserve()` and `record()` the choice (a request placed at once)."""
+        route = self.choose(**request)
         if route is not None:
             self.reserve(route)
             self.record(route)
