@@ -20,17 +20,32 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from policy import keys
+from policy.worker_auth import (
+    HEARTBEAT_FIELD,
+    REGISTRATION_FIELD,
+    heartbeat_signature,
+    registration_signature,
+)
+
+
+class RegistrationRefused(Exception):
+    """The worker id is held by a live registration with another URL."""
+
 
 # Scripts touch only keys of one model (one hash slot on Redis Cluster); the unhashed `kvg:models`
 # discovery set is updated by a separate command in the same pipeline.
 
 # KEYS[1] kvg:{m}:workers  KEYS[2] kvg:{m}:worker:<id>
-# ARGV[1] worker id  ARGV[2] lease expiry (ms)  ARGV[3..] field, value pairs
-# returns the worker's new epoch (incremented on every registration: its cache state is unknown)
+# ARGV[1] worker id  ARGV[2] lease expiry (ms)  ARGV[3] now (ms)  ARGV[4] url  ARGV[5..] field, value pairs
+# returns the worker's new epoch (incremented on every registration: its cache state is unknown), or
+# -1: the id is held by a live lease with another URL (refused: a second agent may not take it over)
 _REGISTER = """
+local expiry = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '0')
+local url = redis.call('HGET', KEYS[2], 'url')
+if url and url ~= ARGV[4] and expiry > tonumber(ARGV[3]) then return -1 end
 local epoch = tonumber(redis.call('HGET', KEYS[2], 'epoch') or '0') + 1
 redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], 'epoch', epoch, unpack(ARGV, 3))
+redis.call('HSET', KEYS[2], 'epoch', epoch, unpack(ARGV, 5))
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 return epoch
 """
@@ -129,7 +144,7 @@ _INT_FIELDS = (
     "waiting",
 )  # fmt: skip
 _INT_FIELDS_MS = ("joined_ms", "updated_ms", "epoch")
-_KNOWN = {
+_KNOWN = {  # (the signature fields stay in `extra`: the gateway's mirror checks them)
     "url",
     "models",
     "kv_usage",
@@ -238,21 +253,44 @@ async def _eval(redis: aioredis.Redis, script: str, keys_: Sequence[str], args: 
     return await redis.register_script(script)(keys=list(keys_), args=list(args))
 
 
-async def register(redis: aioredis.Redis, record: WorkerRecord, lease_ms: int, now_ms: int) -> int:
-    """Register (or re-register) `record` under `record.model` with a lease of `lease_ms`.
+def signed_fields(record: WorkerRecord, now_ms: int, secret: bytes) -> dict[str, str | int | float]:
+    """`record_fields` plus the registration and heartbeat signatures (policy/worker_auth.py)."""
+    fields = record_fields(record, now_ms)
+    if secret:
+        fields[REGISTRATION_FIELD] = registration_signature(
+            secret, record.model, record.id, record.url, record.max_concurrency, int(now_ms)
+        )
+        fields[HEARTBEAT_FIELD] = heartbeat_signature(
+            secret, record.model, record.id, record.url, int(now_ms)
+        )
+    return fields
+
+
+async def register(
+    redis: aioredis.Redis, record: WorkerRecord, lease_ms: int, now_ms: int, secret: bytes = b""
+) -> int:
+    """Register (or re-register) `record` under `record.model` with a lease of `lease_ms`, signed
+    with `secret` when given.
 
     Replaces any previous record of the same id, sets `joined_ms` to now and returns the new epoch
     (registration always starts a new epoch: the worker's cache state is not known to be the old one).
+    Raises RegistrationRefused when the id is held by a live lease with another URL.
     """
     keys.model_key(record.model)  # validates the name
     async with redis.pipeline(transaction=False) as pipe:
         await redis.register_script(_REGISTER)(
             keys=[keys.workers(record.model), keys.worker(record.model, record.id)],
-            args=[record.id, now_ms + lease_ms, *_flat(record_fields(record, now_ms))],
+            args=[record.id, now_ms + lease_ms, now_ms, record.url,
+                  *_flat(signed_fields(record, now_ms, secret))],
             client=pipe,
-        )
+        )  # fmt: skip
         pipe.sadd(keys.models(), record.model)
         epoch, _ = await pipe.execute()
+    if int(epoch) < 0:
+        raise RegistrationRefused(
+            f"worker id {record.id!r} of {record.model} is held by a live worker with another URL; "
+            f"{record.url} not registered"
+        )
     return int(epoch)
 
 
@@ -267,8 +305,10 @@ async def heartbeat(
     inflight_ids: Sequence[str] = (),
     lease_ms: int,
     now_ms: int,
+    url: str = "",
+    secret: bytes = b"",
 ) -> bool | None:
-    """Renew the lease and write the latest load in one round trip.
+    """Renew the lease and write the latest load in one round trip (signed for `url` with `secret`).
 
     Returns the worker's `draining` flag, or None if it is not registered (never was, deregistered,
     or pruned after its lease expired): the caller should `register` again.
@@ -276,6 +316,8 @@ async def heartbeat(
     fields = load_fields(
         running=running, waiting=waiting, kv_usage=kv_usage, inflight_ids=inflight_ids, now_ms=now_ms
     )
+    if secret:
+        fields[HEARTBEAT_FIELD] = heartbeat_signature(secret, model, worker_id, url, int(now_ms))
     reply = int(
         await _eval(
             redis,

@@ -96,6 +96,7 @@ class KvGate:
         self._release_wake = asyncio.Event()
         self._releaser: asyncio.Task[None] | None = None
         self._started = False
+        self._quota_task: asyncio.Task[None] | None = None
         self._profiler: cProfile.Profile | None = None
         # The children are dispatched by the hooks below rather than registered as mitmproxy child
         # addons: each event goes through mitmproxy's ~40-addon dispatch, and four more addons in
@@ -170,7 +171,17 @@ class KvGate:
             logger.info("kvgate: embedded redis-server at %s", url)
         # redis-py's default pool raises MaxConnectionsError past 100 concurrent commands, which a
         # burst of queued requests reaches; its blocking pool costs more per command, so: a high cap
-        self.redis = aioredis.Redis.from_url(url, max_connections=REDIS_CONNECTIONS)
+        timeout_s = self.config.gateway.redis_timeout_ms / 1000
+        self.redis = aioredis.Redis.from_url(
+            url, max_connections=REDIS_CONNECTIONS, socket_connect_timeout=timeout_s,
+            socket_timeout=max(timeout_s, 5.0),  # > the index tail's blocking XREAD
+        )  # fmt: skip
+        secret = self.config.gateway.worker_secret_bytes()
+        if not secret:
+            logger.warning(
+                "kvgate: no worker secret (gateway.worker_secret / KVGATE_WORKER_SECRET): anyone who can "
+                "write to Redis can register a worker (docs/SECURITY.md)"
+            )
         try:
             await asyncio.wait_for(self.redis.ping(), 5.0)
         except (RedisError, OSError, TimeoutError) as e:
@@ -180,7 +191,7 @@ class KvGate:
         config = self.config
         self.pool = SlotPool(
             self.redis, gateway_id=self.gateway_id, lease_ms=config.admission.lease_ms,
-            renew_every_ms=config.admission.renew_every_ms,
+            renew_every_ms=config.admission.renew_every_ms, on_quota_missing=self._quota_missing,
         )  # fmt: skip
         await self.pool.start()
         self._releaser = spawn(self._release_loop(), name="kvgate-release")
@@ -197,13 +208,13 @@ class KvGate:
         if opts.kvgate_workers:
             self.static = StaticWorkers(
                 self.redis, list(opts.kvgate_workers), model=opts.kvgate_model,
-                max_concurrency=opts.kvgate_worker_max_concurrency,
+                max_concurrency=opts.kvgate_worker_max_concurrency, secret=secret,
             )  # fmt: skip
             await self.static.start()
         self.mirror = ClusterMirror(
             self.redis, refresh_ms=config.routing.refresh_ms,
             on_index_ops=self.router.apply_index_ops, on_worker_reset=self.router.reset_worker,
-            on_refresh=self._on_refresh,
+            on_refresh=self._on_refresh, secret=secret,
         )  # fmt: skip
         await self.mirror.start()
         self.queue_signal = QueueSignalRefresher(
@@ -253,8 +264,19 @@ class KvGate:
         self._started = False
 
     def _on_refresh(self, models: Sequence[str]) -> None:
+        """Re-assert the configured quotas after every mirror refresh (one in flight at a time)."""
+        if self.redis is None or self.mirror is None:
+            return
+        if self._quota_task is None or self._quota_task.done():
+            self._quota_task = spawn(
+                ensure_quotas(self.redis, self.config, self.mirror, models, self.gateway_id),
+                name="kvgate-ensure-quotas",
+            )
+
+    async def _quota_missing(self, model: str) -> None:
+        """An acquire found `model`'s quota hash gone: write the configured one now."""
         if self.redis is not None and self.mirror is not None:
-            spawn(ensure_quotas(self.redis, self.config, self.mirror, models), name="kvgate-ensure-quotas")
+            await ensure_quotas(self.redis, self.config, self.mirror, [model], self.gateway_id)
 
     # -- client disconnects while queued -------------------------------------------------------------
     def client_disconnected(self, client: connection.Client) -> None:

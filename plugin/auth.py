@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from plugin.config import GatewayConfig, TenantSection
 from plugin.errors import GatewayError
-from policy.types import Band
+from policy.types import Band, ascii_int
 
 DEFAULT_TENANT = TenantSection()
 
@@ -82,7 +82,7 @@ def header_ms(value: str | None, header: str, code: str, *, minimum: int) -> int
     if value is None or not value.strip():
         return None
     try:
-        ms = int(value.strip())
+        ms = ascii_int(value.strip())
     except ValueError:
         raise GatewayError(400, code, f"{header} must be integer milliseconds") from None
     if ms < minimum:

@@ -9,6 +9,7 @@ options declared by the addon, not settings here.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 import types
 import typing
@@ -21,6 +22,7 @@ from policy.admission import DEFAULT_MAX_SEATS, DEFAULT_TOKENS_PER_SEAT, seat_co
 from policy.config import POLICIES, RoutingConfig, load_routing_config
 from policy.config import ConfigError as PolicyConfigError
 from policy.types import Band
+from policy.worker_auth import secret_from_env
 
 PREFIX_MODES = ("approximate", "exact")
 BAND_NAMES = tuple(b.name.lower() for b in Band)
@@ -39,10 +41,38 @@ class GatewaySection:
     response_headers: bool = field(default=True, metadata={"help": "send x-kvgate-worker / -queued-ms"})
     drain_timeout_ms: int = field(default=30_000, metadata={"help": "SIGTERM: how long live streams may run"})
     upstream_scheme: str = field(default="http", metadata={"help": "scheme used when a worker URL has none"})
+    # the client's Authorization is never forwarded; workers started with an API key (vLLM --api-key)
+    # get this one instead: per worker id, else the default ("env:NAME" reads the environment)
+    upstream_api_key: str = ""
+    upstream_api_keys: dict[str, str] = field(default_factory=dict)
+    # shared secret of the worker plane (policy/worker_auth.py): only workers whose agents sign with it
+    # are routable; "" = $KVGATE_WORKER_SECRET, and with neither the worker plane is not authenticated
+    worker_secret: str = ""
+    # what Redis being unreachable means for a request: "closed" 503 + Retry-After (the default), or
+    # "open" admit up to redis_open_share of the model's last known total locally, route on the mirror
+    redis_failure: str = "closed"
+    redis_open_share: float = 0.5
+    redis_timeout_ms: int = 2000  # a Redis reply slower than this counts as a failure
 
     def __post_init__(self) -> None:
         _at_least("gateway.drain_timeout_ms", self.drain_timeout_ms, 0)
         _one_of("gateway.upstream_scheme", self.upstream_scheme, ("http", "https"))
+        _one_of("gateway.redis_failure", self.redis_failure, ("closed", "open"))
+        _at_least("gateway.redis_timeout_ms", self.redis_timeout_ms, 10)
+        if not 0 < self.redis_open_share <= 1:
+            raise ConfigError("gateway.redis_open_share", self.redis_open_share, "must be in (0, 1]")
+        secret_value("gateway.worker_secret", self.worker_secret)
+        secret_value("gateway.upstream_api_key", self.upstream_api_key)
+        for worker, key in self.upstream_api_keys.items():
+            secret_value(f"gateway.upstream_api_keys.{worker}", key)
+
+    def worker_secret_bytes(self) -> bytes:
+        """The worker-plane secret: this section's, else $KVGATE_WORKER_SECRET (b"" = none)."""
+        return secret_value("gateway.worker_secret", self.worker_secret).encode() or secret_from_env()
+
+    def upstream_key(self, worker_id: str) -> str:
+        """The API key sent to `worker_id` ("" = none)."""
+        return secret_value("", self.upstream_api_keys.get(worker_id, self.upstream_api_key))
 
 
 @dataclass(frozen=True)
@@ -263,6 +293,19 @@ class GatewayConfig:
 
     def key_to_tenant(self) -> dict[str, str]:
         return {key: name for name, t in self.tenants.items() for key in t.api_keys}
+
+
+def secret_value(path: str, value: str) -> str:
+    """A secret as configured: "env:NAME" reads $NAME (ConfigError if unset), else the text itself."""
+    if not value.startswith("env:"):
+        if any(c in value for c in "\r\n\0"):
+            raise ConfigError(path, "***", "may not contain CR, LF or NUL")
+        return value
+    name = value.removeprefix("env:")
+    found = os.environ.get(name)
+    if found is None:
+        raise ConfigError(path, value, f"environment variable {name} is not set")
+    return found
 
 
 def load_config(path: str | Path | None) -> GatewayConfig:

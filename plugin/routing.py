@@ -440,12 +440,47 @@ class Dispatch:
         # the host and port setters each rebuild Host/authority: set the host plainly and let the port
         # setter (the last one) rebuild them once, to the same end state
         request.scheme, request.data.host, request.port = up.scheme, up.host, up.port
-        request.headers["x-request-id"] = state.request_id
+        key = gate.config.gateway.upstream_key(route.worker.id)
+        sanitize_upstream_headers(request.headers, state.request_id, key)
         if parsed.stream and not parsed.include_usage and gate.config.streaming.collect_usage:
             request.content = with_usage_requested(request.content or b"", parsed.body)
             state.extra["usage_added"] = True
         kind = "hit" if route.view.prefix_hits.get(route.worker.id, 0) else "miss"
         gate.metrics.routed.inc(parsed.model, route.worker.id, kind)
+
+
+# Never forwarded from a client: hop-by-hop headers (RFC 9110 §7.6.1; framing headers stay, mitmproxy
+# frames the body), client-claimed forwarding chains, and the client's credentials.
+HOP_BY_HOP = frozenset(
+    {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization", b"proxy-authenticate",
+     b"te", b"trailer", b"upgrade"}
+)  # fmt: skip
+NOT_FORWARDED = HOP_BY_HOP | {
+    b"x-forwarded-for", b"forwarded", b"x-real-ip", b"authorization", b"x-request-id"
+}  # fmt: skip
+
+
+def sanitize_upstream_headers(headers: http.Headers, request_id: str, upstream_key: str) -> None:
+    """What the worker gets: the client's headers minus hop-by-hop ones (and those the client's
+    `Connection` names), `x-kvgate-*`, forwarding chains and `Authorization`; then the gateway's
+    request id and, if configured, the worker's own API key (vLLM's `--api-key`)."""
+    named = {
+        token.strip().lower().encode()
+        for name, value in headers.fields
+        if name.lower() == b"connection"
+        for token in value.decode("latin-1").split(",")
+    }
+    kept = tuple(
+        (name, value)
+        for name, value in headers.fields
+        if (low := name.lower()) not in NOT_FORWARDED
+        and low not in named
+        and not low.startswith(b"x-kvgate-")
+    )
+    ours = [(b"x-request-id", request_id.encode())]
+    if upstream_key:
+        ours.append((b"authorization", b"Bearer " + upstream_key.encode()))
+    headers.fields = kept + tuple(ours)
 
 
 def with_usage_requested(raw: bytes, body: dict[str, object]) -> bytes:

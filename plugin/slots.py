@@ -18,13 +18,20 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from plugin.scripts import GRANTED_CHANNEL, AdmissionScripts, model_keys, quota_key, register_scripts
+from plugin.scripts import (
+    GRANTED_CHANNEL,
+    AcquireReply,
+    AdmissionScripts,
+    model_keys,
+    quota_key,
+    register_scripts,
+)
 from plugin.tasks import cancel_and_wait, spawn
 from policy.admission import AdmitCode, CheckStatus, ClaimCode, Quota, estimated_wait_s
 from policy.types import Band
@@ -88,6 +95,14 @@ class SloUnreachable(AdmissionRejected):
     reason = "slo_unreachable"
 
 
+class QuotaMissing(AdmissionRejected):
+    """The model has no quota hash in Redis (restarted, or the key was deleted): refused, never admitted
+    without limits, until a gateway writes the configured quota again."""
+
+    status = 503
+    reason = "quota_missing"
+
+
 class LeaseLost(Exception):
     """A lease expired in Redis (not renewed in time): its seats are no longer held."""
 
@@ -99,10 +114,13 @@ class WaitBudgetExceeded(AdmissionRejected):
 
 
 async def set_quota(redis: aioredis.Redis, model: str, quota: Quota) -> None:
-    """Replace the model's limits at run time; every gateway's next script call uses them."""
+    """Replace the model's limits at run time; every gateway's next script call uses them, and no
+    gateway's re-assertion of its configured quota overwrites them (origin=operator, plugin/quotas.py)."""
+    now_s, now_us = await redis.time()
+    meta = {"origin": "operator", "v": str(now_s * 1000 + now_us // 1000)}
     async with redis.pipeline(transaction=True) as pipe:
         pipe.delete(quota_key(model))
-        pipe.hset(quota_key(model), mapping=quota.to_hash())  # type: ignore[arg-type]
+        pipe.hset(quota_key(model), mapping={**quota.to_hash(), **meta})  # type: ignore[arg-type]
         await pipe.execute()
     logger.info("admission quota for model %s set to %s", model, quota.to_hash())
 
@@ -150,6 +168,7 @@ class SlotPool:
         renew_every_ms: int = 2_000,
         recheck_every_s: float = 1.0,
         channel: str = GRANTED_CHANNEL,
+        on_quota_missing: Callable[[str], Awaitable[object]] | None = None,
     ) -> None:
         if renew_every_ms >= lease_ms:
             raise ValueError(f"renew_every_ms ({renew_every_ms}) must be shorter than lease_ms ({lease_ms})")
@@ -166,6 +185,7 @@ class SlotPool:
         self._pubsub: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self.leases_lost = 0  # leases that expired before renewal (a stalled loop or Redis outage)
+        self.on_quota_missing = on_quota_missing  # writes the model's quota again (plugin/quotas.py)
 
     async def start(self) -> None:
         self._pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
@@ -221,16 +241,21 @@ class SlotPool:
         self._waiters[rid] = granted
         settled = False  # True once Redis holds neither a lease we do not know of nor a queue entry
         try:
-            reply = await self.scripts.acquire(
-                ticket.model, rid, ticket.band, ticket.tenant, ticket.seats, self.lease_ms,
-                int(ticket.max_wait_s * 1000), self.gateway_id, worker=worker,
-            )  # fmt: skip
+            reply = await self._acquire_once(ticket, worker)
+            if reply.code == AdmitCode.QUOTA_MISSING and self.on_quota_missing is not None:
+                await self.on_quota_missing(ticket.model)  # written again: one more try
+                reply = await self._acquire_once(ticket, worker)
             est = estimated_wait_s(reply.ahead, reply.capacity, reply.hold_ms / 1000)
             if reply.code in (AdmitCode.ADMITTED, AdmitCode.ALREADY_HELD):
                 settled = True
                 placed = worker if reply.code == AdmitCode.ADMITTED else None
                 return self._hold(ticket, reply.seats or ticket.seats, start, placed)
-            if reply.code in (AdmitCode.QUEUE_FULL, AdmitCode.NO_SEAT, AdmitCode.WORKER_FULL):
+            if reply.code in (
+                AdmitCode.QUEUE_FULL,
+                AdmitCode.NO_SEAT,
+                AdmitCode.WORKER_FULL,
+                AdmitCode.QUOTA_MISSING,
+            ):
                 settled = True
                 raise _rejection(ticket, reply.code, est)
             if on_queued is not None:
@@ -244,6 +269,12 @@ class SlotPool:
                 # cancelled, out of budget or failed while queued (or admitted without our knowing):
                 # leave the queue / release a raced grant, even while this task is being cancelled
                 await _shielded(self._leave(ticket.model, rid))
+
+    async def _acquire_once(self, ticket: Ticket, worker: str | None) -> AcquireReply:
+        return await self.scripts.acquire(
+            ticket.model, ticket.request_id, ticket.band, ticket.tenant, ticket.seats, self.lease_ms,
+            int(ticket.max_wait_s * 1000), self.gateway_id, worker=worker,
+        )  # fmt: skip
 
     async def _wait(
         self, ticket: Ticket, granted: asyncio.Future[None], seats: int, start: float, est: float
@@ -389,6 +420,12 @@ class SlotPool:
 
 def _rejection(ticket: Ticket, code: AdmitCode, est: float) -> AdmissionRejected:
     retry = max(1.0, est)
+    if code == AdmitCode.QUOTA_MISSING:
+        return QuotaMissing(
+            f"no admission quota for {ticket.model} in Redis (it restarted or the key was deleted); "
+            "refused until a gateway writes it again",
+            retry_after_s=1.0, est_wait_s=0.0,
+        )  # fmt: skip
     if code == AdmitCode.WORKER_FULL:
         return WorkerFull(f"the chosen worker for {ticket.model} is full", retry_after_s=1.0, est_wait_s=0.0)
     if code == AdmitCode.QUEUE_FULL:

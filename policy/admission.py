@@ -64,6 +64,7 @@ class AdmitCode(IntEnum):
     NO_SEAT = -1  # nothing free and the request would not wait
     QUEUE_FULL = -2
     WORKER_FULL = -3  # two-step admission: the chosen worker has no room; nothing taken or queued
+    QUOTA_MISSING = -4  # the model's quota hash is gone (Redis restarted): refused, never unlimited
 
 
 class ClaimCode(IntEnum):

@@ -19,11 +19,14 @@ T0 = 1_000_000
 
 
 @pytest.fixture
-def scripts(redis: aioredis.Redis) -> AdmissionScripts:
+async def scripts(redis: aioredis.Redis) -> AdmissionScripts:
+    """The scripts, with model M explicitly unlimited (a missing quota hash is refused)."""
+    await quota(redis, Quota())
     return register_scripts(redis)
 
 
 async def quota(redis: aioredis.Redis, q: Quota, model: str = M) -> None:
+    await redis.delete(quota_key(model))
     await redis.hset(quota_key(model), mapping=q.to_hash())
 
 
@@ -35,6 +38,25 @@ async def take(
 
 
 # ---- every return path --------------------------------------------------------------------------
+
+
+async def test_a_missing_quota_refuses_and_grants_nothing(
+    redis: aioredis.Redis, scripts: AdmissionScripts
+) -> None:
+    """A Redis restart loses the quota hash: never unlimited. Nothing is admitted, queued or granted
+    until the hash is back; releases still work."""
+    await quota(redis, Quota(total=1))
+    assert await take(scripts, "a") == AdmitCode.ADMITTED
+    assert await take(scripts, "b") == AdmitCode.QUEUED
+    await redis.delete(quota_key(M))
+    refused = await scripts.acquire(M, "c", N, "t", 1, 10_000, 5000, "gw", now_ms=T0)
+    assert (refused.code, refused.seats) == (AdmitCode.QUOTA_MISSING, 0)
+    released = await scripts.release(M, "a", now_ms=T0)
+    assert released.granted == ()  # b is not granted a seat of an unknown quota
+    snap = await scripts.snapshot(M, now_ms=T0)
+    assert (snap["used"]["total"], snap["queued"]["normal"]) == (0, 1)
+    await quota(redis, Quota(total=1))
+    assert (await scripts.check(M, "b", now_ms=T0)).status == CheckStatus.HELD
 
 
 async def test_acquire_return_codes(redis: aioredis.Redis, scripts: AdmissionScripts) -> None:

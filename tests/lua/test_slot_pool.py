@@ -37,6 +37,7 @@ M = "llama"
 
 @pytest.fixture
 async def pools(redis: aioredis.Redis, redis_url: str) -> AsyncIterator[tuple[SlotPool, SlotPool]]:
+    await set_quota(redis, M, Quota())  # explicitly unlimited unless a test sets one (missing = refused)
     clients = [aioredis.Redis.from_url(redis_url) for _ in range(2)]
     made = [
         SlotPool(c, gateway_id=f"gw{i}", lease_ms=2000, renew_every_ms=200) for i, c in enumerate(clients)

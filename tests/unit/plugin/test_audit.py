@@ -12,7 +12,8 @@ from agent import index_store, registry
 from agent.registry import WorkerRecord
 from plugin.audit import Auditor, Drift, compare, persistent
 from plugin.metrics import GatewayMetrics
-from plugin.slots import SlotPool, Ticket
+from plugin.slots import SlotPool, Ticket, set_quota
+from policy.admission import Quota
 from policy.types import Band
 
 MODEL = "llama"
@@ -74,6 +75,7 @@ async def register(redis: aioredis.Redis, wid: str, ids: tuple[str, ...], lease_
 
 async def test_auditor_exports_persistent_drift_and_holds_the_lock(redis: aioredis.Redis) -> None:
     metrics = GatewayMetrics()
+    await set_quota(redis, MODEL, Quota())
     async with SlotPool(redis, gateway_id="gw-a") as pool:
         for rid in ("r1", "r2", "r3"):
             await pool.acquire(Ticket(rid, MODEL, Band.NORMAL, "t"))
