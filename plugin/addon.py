@@ -47,7 +47,7 @@ from plugin.auth import Auth
 from plugin.autoscale import QueueSignalRefresher
 from plugin.config import ConfigError, GatewayConfig, load_config
 from plugin.decision_log import DecisionLog
-from plugin.errors import install_json_protocol_errors, json_response
+from plugin.errors import install_json_protocol_errors, install_oversized_body_drain, json_response
 from plugin.intake import Intake
 from plugin.metrics import GatewayMetrics
 from plugin.mirror import ClusterMirror, wall_ms
@@ -163,6 +163,8 @@ class KvGate:
         opts = ctx.options
         if not install_json_protocol_errors():
             logger.warning("kvgate: mitmproxy's own error pages stay HTML in this version")
+        if not install_oversized_body_drain(self.config.limits.max_body_bytes):
+            logger.warning("kvgate: an oversized body without Expect: 100-continue may hang its client")
         self.gateway_id = opts.kvgate_gateway_id or f"{socket.gethostname()}-{os.getpid()}"
         url = opts.kvgate_redis_url
         if not url:

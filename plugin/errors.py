@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 from mitmproxy import http
 
@@ -119,4 +120,62 @@ def install_json_protocol_errors() -> bool:
     if not callable(getattr(_http1, "make_error_response", None)):
         return False
     _http1.make_error_response = json_protocol_error  # type: ignore[assignment]
+    return True
+
+
+DRAIN_MAX_BYTES = 256 * 1024 * 1024  # past this an oversized body is cut off (the connection closed)
+
+
+def install_oversized_body_drain(max_body_bytes: int) -> bool:
+    """Answer a request body over mitmproxy's `body_size_limit` with a 413 the client can read.
+
+    mitmproxy writes its 413 and then neither reads nor closes the connection: a client that sends
+    its whole body before reading (httpx, the openai SDK: no `Expect: 100-continue`) blocks on a full
+    socket until its own timeout (600 s for the SDK). Instead the rest of the body is read and dropped
+    (up to DRAIN_MAX_BYTES, as nginx's lingering close), then the 413 goes out with
+    `connection: close`. Returns False if this mitmproxy's HTTP layer differs (nothing patched)."""
+    from mitmproxy.net.http.http1 import expected_http_body_size
+    from mitmproxy.proxy import commands
+    from mitmproxy.proxy.layers.http import HttpStream, RequestData, RequestEndOfMessage
+    from mitmproxy.utils import human
+
+    original = getattr(HttpStream, "check_body_size", None)
+    if original is None or getattr(original, "kvgate_drain", False):
+        return original is not None
+
+    def check_body_size(self: HttpStream, request: bool) -> Any:
+        limit = human.parse_size(self.context.options.body_size_limit)
+        if not request or limit is None or self.flow.response is not None:
+            return (yield from original(self, request))
+        try:
+            size = len(self.request_body_buf) or expected_http_body_size(self.flow.request, None)
+        except ValueError:
+            size = None
+        if size is None or size <= limit:
+            return (yield from original(self, request))
+        if size > DRAIN_MAX_BYTES:
+            return (yield from original(self, request))
+        response = openai_error(
+            413, "request_too_large", f"body is over {size} bytes; limit {max_body_bytes}"
+        )
+        response.headers["connection"] = "close"
+        self.flow.response = response
+        drained = [len(self.request_body_buf)]
+        self.request_body_buf.clear()
+
+        def drain(event: Any) -> Any:
+            if isinstance(event, RequestData):
+                drained[0] += len(event.data)
+                if drained[0] > DRAIN_MAX_BYTES:
+                    self.client_state = self.state_errored
+                    yield commands.CloseConnection(self.context.client)
+            elif isinstance(event, RequestEndOfMessage):
+                self.client_state = self.state_done
+                yield from self.send_response()
+
+        self.client_state = drain
+        return True
+
+    check_body_size.kvgate_drain = True  # type: ignore[attr-defined]
+    HttpStream.check_body_size = check_body_size  # type: ignore[method-assign]
     return True
