@@ -2,7 +2,7 @@
 
 Records are queued in memory on the hot path and written by one background task, batched into one
 pipeline of `XADD kvg:decisions MAXLEN ~ N * record <json>` per flush (one write on the gateway's
-lean connection, plugin/resp.py: redis-py's pipeline costs several times more CPU per record), so
+lean connection, store/resp.py: redis-py's pipeline costs several times more CPU per record), so
 logging never adds a Redis round trip to a request. Optionally each record also goes to the Python
 log (logger `plugin.decision_log`).
 """
@@ -17,8 +17,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from plugin.resp import RespChannel
-from plugin.tasks import cancel_and_wait, spawn
+from runtime.tasks import cancel_and_wait, spawn
+from store.resp import RespChannel
 
 logger = logging.getLogger(__name__)
 

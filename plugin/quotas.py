@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.resources
 import logging
 from collections.abc import Sequence
 
@@ -27,13 +26,14 @@ from redis.exceptions import RedisError
 
 from plugin.config import GatewayConfig, ModelSection
 from plugin.mirror import ClusterMirror, wall_ms
-from plugin.scripts import quota_key
-from plugin.slots import set_quota
 from policy.admission import Quota, default_quota
+from store.scripting import load
+from store.scripts import quota_key
+from store.slots import set_quota
 
 logger = logging.getLogger(__name__)
 
-QUOTA_LUA = importlib.resources.files("plugin").joinpath("lua", "quota.lua").read_text(encoding="utf-8")
+QUOTA_LUA = load("quota.lua")
 ASSERT_OUTCOMES = {
     0: "unchanged", 1: "written (was missing)", 2: "replaced (config changed)", 3: "kept (run-time change)",
 }  # fmt: skip
@@ -74,9 +74,7 @@ async def assert_quota(redis: aioredis.Redis, model: str, quota: Quota, gateway_
     returns quota.lua's outcome code (ASSERT_OUTCOMES)."""
     fields = quota.to_hash()
     flat = [x for pair in sorted(fields.items()) for x in pair]
-    code, _version = await redis.register_script(QUOTA_LUA)(
-        keys=[quota_key(model)], args=[limits_digest(fields), gateway_id, *flat]
-    )
+    code, _version = await QUOTA_LUA(redis, [quota_key(model)], [limits_digest(fields), gateway_id, *flat])
     return int(code)
 
 

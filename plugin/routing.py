@@ -22,44 +22,35 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import random
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
-from mitmproxy import http
 from redis.exceptions import RedisError
 
-from agent import index_store
-from agent.registry import WorkerRecord
 from plugin.config import RoutingSection
-from plugin.context import accepted, fail_closed
-from plugin.errors import GatewayError
-from plugin.tasks import cancel_and_wait, spawn
+from plugin.flow import Prompt, Route, Upstream
 from plugin.tokenize import TokenizeFailed, Tokenizer
 from policy.config import RoutingConfig
 from policy.index import PrefixIndex
 from policy.kvgate import build_policy
-from policy.prefix import canonical_text, text_block_hashes
+from policy.prefix import CHARS_PER_TOKEN
 from policy.state import RoutingState
 from policy.types import Band, Decision, RequestView, WorkerView
+from runtime.tasks import cancel_and_wait, spawn
+from store import index_store
+from store.registry import WorkerRecord
 
 if TYPE_CHECKING:
-    from plugin.addon import KvGate
-    from plugin.auth import Caller
-    from plugin.context import FlowState
     from plugin.metrics import GatewayMetrics
-    from plugin.parse import ParsedRequest
 
 logger = logging.getLogger(__name__)
 
-CHARS_PER_TOKEN = 4
 REPUBLISH_S = 10.0  # a block this gateway published for a worker is not written again this soon
 PUBLISHED_MAX = 100_000  # per worker, bounded memory for that bookkeeping
 DEFAULT_CAPACITY_TOKENS = 1_000_000  # a worker that did not report its KV size
@@ -68,42 +59,6 @@ DEFAULT_BLOCK_SIZE = 16  # exact mode, when neither the config nor the agents gi
 # in every gateway's mirror reading it back, so at 20 ms they cost ~0.15 ms per request at ~170 req/s;
 # other gateways learn a placement up to this much later.
 INDEX_BATCH_S = 0.1
-
-
-@dataclass(frozen=True, slots=True)
-class Upstream:
-    scheme: str
-    host: str
-    port: int
-
-
-@dataclass(slots=True)
-class Route:
-    """Where one request goes, and why."""
-
-    model: str
-    worker: WorkerRecord
-    upstream: Upstream
-    decision: Decision
-    view: RequestView
-    first_token_seen: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Prompt:
-    """A request's prefix, hashed once before admission (so a 400 for a bad shape comes first)."""
-
-    hashes: tuple[int, ...]
-    block_tokens: tuple[int, ...]
-    prompt_tokens: int
-    exact: bool = False  # token-block hashes (exact mode), else text-chunk hashes
-
-
-def hash_prompt(body: dict[str, object], model: str, chunk_chars: int) -> Prompt:
-    """Canonicalize and hash; ValueError (-> 400) for shapes that are not OpenAI requests."""
-    text = canonical_text(body)
-    hashes, tokens = text_block_hashes(text, model=model, chunk_chars=chunk_chars)
-    return Prompt(hashes, tokens, max(1, len(text) // CHARS_PER_TOKEN))
 
 
 def parse_upstream(url: str, default_scheme: str = "http") -> Upstream:
@@ -242,7 +197,7 @@ class Router:
         return block
 
     # -- the decision (hot path: memory only) --------------------------------------------------------
-    def route(
+    def choose(
         self,
         *,
         request_id: str,
@@ -252,13 +207,12 @@ class Router:
         band: Band,
         tenant: str,
         workers: Sequence[WorkerRecord],
-        record: bool = True,
     ) -> Route | None:
         """The route for a request among routable `workers`, or None if the policy rejects them all.
 
-        The route's load is reserved at once (so concurrent decisions see it); with `record=False` the
-        routing history (index, stickiness) is written only by `record()`, once the request is placed
-        (two-step admission may turn the worker down: `finished()` then gives the reservation back)."""
+        No side effect on this gateway's accounting: `reserve()` counts the route's load (so concurrent
+        decisions see it) and `record()` writes the routing history (index, stickiness) once the
+        request is placed."""
         if not workers:
             return None
         now = time.monotonic()
@@ -273,9 +227,26 @@ class Router:
         if decision.worker is None:
             return None
         worker = next(w for w in workers if w.id == decision.worker)
-        route = Route(model, worker, self.upstream(worker.url), decision, view)
-        self.reserve(route)
-        if record:
+        return Route(model, worker, self.upstream(worker.url), decision, view)
+
+    def route(
+        self,
+        *,
+        request_id: str,
+        model: str,
+        prompt: Prompt,
+        max_tokens: int,
+        band: Band,
+        tenant: str,
+        workers: Sequence[WorkerRecord],
+    ) -> Route | None:
+        """`choose()`, then `reserve()` and `record()` the choice (a request placed at once)."""
+        route = self.choose(
+            request_id=request_id, model=model, prompt=prompt, max_tokens=max_tokens, band=band,
+            tenant=tenant, workers=workers,
+        )  # fmt: skip
+        if route is not None:
+            self.reserve(route)
             self.record(route)
         return route
 
@@ -399,94 +370,3 @@ class Router:
                     await index_store.add_blocks(self.redis, model, worker, unique, now_ms, capacity)
                 except (RedisError, OSError) as e:
                     logger.warning("index write for %s/%s failed: %s", model, worker, e)
-
-
-class Dispatch:
-    """Child addon: point the admitted request at its worker. The worker is chosen before admission
-    (two-step admission, plugin/admit.py calls `plan()`), so the slot check can include its capacity."""
-
-    def __init__(self, gate: KvGate) -> None:
-        self.gate = gate
-
-    def plan(
-        self, state: FlowState, parsed: ParsedRequest, caller: Caller, exclude: Collection[str] = ()
-    ) -> Route | None:
-        """The policy's choice among the routable workers minus `exclude` (load reserved, history
-        recorded by `Router.record` once placed); None when no worker is left."""
-        gate = self.gate
-        workers = gate.routable(parsed.model)
-        if exclude:
-            workers = [w for w in workers if w.id not in exclude]
-        return gate.router.route(
-            request_id=state.request_id, model=parsed.model, prompt=state.extra["prompt"],
-            max_tokens=parsed.max_tokens, band=caller.band, tenant=caller.tenant, workers=workers,
-            record=False,
-        )  # fmt: skip
-
-    @fail_closed
-    async def request(self, flow: http.HTTPFlow) -> None:
-        if (found := accepted(flow)) is None:
-            return
-        state, parsed, _ = found
-        gate = self.gate
-        route = state.route  # chosen and placed by admission
-        if route is None:
-            flow.response = GatewayError(
-                503, "no_healthy_worker", f"no healthy worker for {parsed.model!r}", retry_after_s=1
-            ).to_response()
-            return
-        request = flow.request
-        up = route.upstream
-        # the host and port setters each rebuild Host/authority: set the host plainly and let the port
-        # setter (the last one) rebuild them once, to the same end state
-        request.scheme, request.data.host, request.port = up.scheme, up.host, up.port
-        key = gate.config.gateway.upstream_key(route.worker.id)
-        sanitize_upstream_headers(request.headers, state.request_id, key)
-        if parsed.stream and not parsed.include_usage and gate.config.streaming.collect_usage:
-            request.content = with_usage_requested(request.content or b"", parsed.body)
-            state.extra["usage_added"] = True
-        kind = "hit" if route.view.prefix_hits.get(route.worker.id, 0) else "miss"
-        gate.metrics.routed.inc(parsed.model, route.worker.id, kind)
-
-
-# Never forwarded from a client: hop-by-hop headers (RFC 9110 §7.6.1; framing headers stay, mitmproxy
-# frames the body), client-claimed forwarding chains, and the client's credentials.
-HOP_BY_HOP = frozenset(
-    {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization", b"proxy-authenticate",
-     b"te", b"trailer", b"upgrade"}
-)  # fmt: skip
-NOT_FORWARDED = HOP_BY_HOP | {
-    b"x-forwarded-for", b"forwarded", b"x-real-ip", b"authorization", b"x-request-id"
-}  # fmt: skip
-
-
-def sanitize_upstream_headers(headers: http.Headers, request_id: str, upstream_key: str) -> None:
-    """What the worker gets: the client's headers minus hop-by-hop ones (and those the client's
-    `Connection` names), `x-kvgate-*`, forwarding chains and `Authorization`; then the gateway's
-    request id and, if configured, the worker's own API key (vLLM's `--api-key`)."""
-    named = {
-        token.strip().lower().encode()
-        for name, value in headers.fields
-        if name.lower() == b"connection"
-        for token in value.decode("latin-1").split(",")
-    }
-    kept = tuple(
-        (name, value)
-        for name, value in headers.fields
-        if (low := name.lower()) not in NOT_FORWARDED
-        and low not in named
-        and not low.startswith(b"x-kvgate-")
-    )
-    ours = [(b"x-request-id", request_id.encode())]
-    if upstream_key:
-        ours.append((b"authorization", b"Bearer " + upstream_key.encode()))
-    headers.fields = kept + tuple(ours)
-
-
-def with_usage_requested(raw: bytes, body: dict[str, object]) -> bytes:
-    """The body with `stream_options.include_usage = true` (cheap splice when the key is absent)."""
-    if "stream_options" not in body:
-        start = raw.find(b"{")
-        return raw[: start + 1] + b'"stream_options":{"include_usage":true},' + raw[start + 1 :]
-    options = dict(body["stream_options"]) if isinstance(body["stream_options"], dict) else {}
-    return json.dumps({**body, "stream_options": {**options, "include_usage": True}}).encode()

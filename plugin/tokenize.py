@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import aiohttp
 from cachetools import LRUCache
 
-from agent.registry import WorkerRecord
 from policy.prefix import token_block_hashes
+from store.registry import WorkerRecord
 
 # Chat fields that change how vLLM renders the prompt (TokenizeChatRequest, ChatCompletionRequest).
 CHAT_FIELDS = (

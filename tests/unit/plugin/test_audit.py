@@ -8,13 +8,13 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from agent import index_store, registry
-from agent.registry import WorkerRecord
 from plugin.audit import Auditor, Drift, compare, persistent
 from plugin.metrics import GatewayMetrics
-from plugin.slots import SlotPool, Ticket, set_quota
 from policy.admission import Quota
 from policy.types import Band
+from store import index_store, registry
+from store.registry import WorkerRecord
+from store.slots import SlotPool, Ticket, set_quota
 
 MODEL = "llama"
 

@@ -18,94 +18,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
-from policy import keys
 from policy.worker_auth import (
     HEARTBEAT_FIELD,
     REGISTRATION_FIELD,
     heartbeat_signature,
     registration_signature,
 )
+from store import keys
+from store.scripting import LuaScript, load
+
+# Scripts (store/lua/registry_*.lua) touch only keys of one model (one hash slot on Redis Cluster);
+# the unhashed `kvg:models` discovery set is updated by a separate command in the same pipeline.
+_REGISTER = load("registry_register.lua")
+_HEARTBEAT = load("registry_heartbeat.lua")
+_SET_IF_REGISTERED = load("registry_set_field.lua")
+_BUMP_EPOCH = load("registry_bump_epoch.lua")
+_DEREGISTER = load("registry_deregister.lua")
+_READ = load("registry_read.lua")
+_PRUNE = load("registry_prune.lua")
 
 
 class RegistrationRefused(Exception):
     """The worker id is held by a live registration with another URL."""
-
-
-# Scripts touch only keys of one model (one hash slot on Redis Cluster); the unhashed `kvg:models`
-# discovery set is updated by a separate command in the same pipeline.
-
-# KEYS[1] kvg:{m}:workers  KEYS[2] kvg:{m}:worker:<id>
-# ARGV[1] worker id  ARGV[2] lease expiry (ms)  ARGV[3] now (ms)  ARGV[4] url  ARGV[5..] field, value pairs
-# returns the worker's new epoch (incremented on every registration: its cache state is unknown), or
-# -1: the id is held by a live lease with another URL (refused: a second agent may not take it over)
-_REGISTER = """
-local expiry = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '0')
-local url = redis.call('HGET', KEYS[2], 'url')
-if url and url ~= ARGV[4] and expiry > tonumber(ARGV[3]) then return -1 end
-local epoch = tonumber(redis.call('HGET', KEYS[2], 'epoch') or '0') + 1
-redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], 'epoch', epoch, unpack(ARGV, 5))
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-return epoch
-"""
-
-# KEYS[1] kvg:{m}:workers  KEYS[2] kvg:{m}:worker:<id>
-# ARGV[1] worker id  ARGV[2] lease expiry (ms)  ARGV[3..] field, value pairs (load)
-# returns -1 if the worker is not registered (the caller must register again), else its draining flag 0/1
-_HEARTBEAT = """
-if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
-redis.call('HSET', KEYS[2], unpack(ARGV, 3))
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-return tonumber(redis.call('HGET', KEYS[2], 'draining') or '0')
-"""
-
-# KEYS[1] kvg:{m}:worker:<id>  ARGV[1] field  ARGV[2] value
-# returns 1 if the worker is registered and the field was set, else 0
-_SET_IF_REGISTERED = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return 1
-"""
-
-# KEYS[1] kvg:{m}:worker:<id>  returns the new epoch, or 0 if the worker is not registered
-_BUMP_EPOCH = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-return redis.call('HINCRBY', KEYS[1], 'epoch', 1)
-"""
-
-# KEYS[1] kvg:{m}:workers  KEYS[2] kvg:{m}:worker:<id>  ARGV[1] worker id
-# returns {1 if the worker was registered else 0, workers left}
-_DEREGISTER = """
-local existed = redis.call('ZREM', KEYS[1], ARGV[1]) + redis.call('DEL', KEYS[2])
-if existed > 0 then existed = 1 end
-return {existed, redis.call('ZCARD', KEYS[1])}
-"""
-
-# KEYS[1] kvg:{m}:workers  ARGV[1] worker-hash key prefix (kvg:{m}:worker:, same hash tag)
-# returns a flat list: id, lease expiry, {field, value, ...} per worker (a lease without a record is skipped)
-_READ = """
-local out = {}
-local ids = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-for i = 1, #ids, 2 do
-  local rec = redis.call('HGETALL', ARGV[1] .. ids[i])
-  if #rec > 0 then
-    table.insert(out, ids[i]); table.insert(out, ids[i + 1]); table.insert(out, rec)
-  end
-end
-return out
-"""
-
-# KEYS[1] kvg:{m}:workers  ARGV[1] cutoff (ms)  ARGV[2] worker-hash key prefix (same hash tag)
-# removes workers whose lease expired before the cutoff; returns their ids
-_PRUNE = """
-local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[1])
-for _, id in ipairs(gone) do
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('DEL', ARGV[2] .. id)
-end
-return gone
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,9 +184,8 @@ def parse_record(
     )
 
 
-async def _eval(redis: aioredis.Redis, script: str, keys_: Sequence[str], args: Sequence[Any]) -> Any:
-    # register_script caches the SHA and falls back to SCRIPT LOAD after a flush (redis-py AsyncScript)
-    return await redis.register_script(script)(keys=list(keys_), args=list(args))
+async def _eval(redis: aioredis.Redis, script: LuaScript, keys_: Sequence[str], args: Sequence[Any]) -> Any:
+    return await script(redis, keys_, args)
 
 
 def signed_fields(record: WorkerRecord, now_ms: int, secret: bytes) -> dict[str, str | int | float]:
@@ -277,21 +212,27 @@ async def register(
     Raises RegistrationRefused when the id is held by a live lease with another URL.
     """
     keys.model_key(record.model)  # validates the name
-    async with redis.pipeline(transaction=False) as pipe:
-        await redis.register_script(_REGISTER)(
-            keys=[keys.workers(record.model), keys.worker(record.model, record.id)],
-            args=[record.id, now_ms + lease_ms, now_ms, record.url,
-                  *_flat(signed_fields(record, now_ms, secret))],
-            client=pipe,
-        )  # fmt: skip
-        pipe.sadd(keys.models(), record.model)
-        epoch, _ = await pipe.execute()
-    if int(epoch) < 0:
+    keys_ = (keys.workers(record.model), keys.worker(record.model, record.id))
+    args = (record.id, now_ms + lease_ms, now_ms, record.url, *_flat(signed_fields(record, now_ms, secret)))
+
+    async def once() -> int:
+        async with redis.pipeline(transaction=False) as pipe:
+            _REGISTER.queue(pipe, keys_, args)
+            pipe.sadd(keys.models(), record.model)
+            epoch, _ = await pipe.execute()
+        return int(epoch)
+
+    try:
+        epoch = await once()
+    except NoScriptError:  # a fresh server or SCRIPT FLUSH: only the SADD ran (idempotent)
+        await _REGISTER.ensure_loaded(redis)
+        epoch = await once()
+    if epoch < 0:
         raise RegistrationRefused(
             f"worker id {record.id!r} of {record.model} is held by a live worker with another URL; "
             f"{record.url} not registered"
         )
-    return int(epoch)
+    return epoch
 
 
 async def heartbeat(

@@ -1,0 +1,90 @@
+"""Dispatch, the third part on a completion request: point the admitted request at its worker.
+
+The worker was chosen and the slot placed on it by admission (two-step admission, plugin/admit.py);
+this part rewrites the upstream, sets `x-request-id`, and asks the worker for the stream's usage
+when the client did not (so the gateway can meter it; the usage chunk is stripped again on the way out).
+"""
+
+from __future__ import annotations
+
+import json
+
+from mitmproxy import http
+
+from plugin.context import GatewayContext
+from plugin.errors import GatewayError
+from plugin.flow import accepted, fail_closed
+
+
+class Dispatch:
+    """Request-path part: rewrite the upstream of an admitted request."""
+
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+
+    @fail_closed
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if (found := accepted(flow)) is None:
+            return
+        state, parsed = found.state, found.parsed
+        route = state.route  # chosen and placed by admission
+        if route is None:
+            flow.response = GatewayError(
+                503, "no_healthy_worker", f"no healthy worker for {parsed.model!r}", retry_after_s=1
+            ).to_response()
+            return
+        request = flow.request
+        up = route.upstream
+        # the host and port setters each rebuild Host/authority: set the host plainly and let the port
+        # setter (the last one) rebuild them once, to the same end state
+        request.scheme, request.data.host, request.port = up.scheme, up.host, up.port
+        key = self.ctx.config.gateway.upstream_key(route.worker.id)
+        sanitize_upstream_headers(request.headers, state.request_id, key)
+        if parsed.stream and not parsed.include_usage and self.ctx.config.streaming.collect_usage:
+            request.content = with_usage_requested(request.content or b"", parsed.body)
+            state.usage_requested = True
+        kind = "hit" if route.view.prefix_hits.get(route.worker.id, 0) else "miss"
+        self.ctx.metrics.routed.inc(parsed.model, route.worker.id, kind)
+
+
+# Never forwarded from a client: hop-by-hop headers (RFC 9110 §7.6.1; framing headers stay, mitmproxy
+# frames the body), client-claimed forwarding chains, and the client's credentials.
+HOP_BY_HOP = frozenset(
+    {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization", b"proxy-authenticate",
+     b"te", b"trailer", b"upgrade"}
+)  # fmt: skip
+NOT_FORWARDED = HOP_BY_HOP | {
+    b"x-forwarded-for", b"forwarded", b"x-real-ip", b"authorization", b"x-request-id"
+}  # fmt: skip
+
+
+def sanitize_upstream_headers(headers: http.Headers, request_id: str, upstream_key: str) -> None:
+    """What the worker gets: the client's headers minus hop-by-hop ones (and those the client's
+    `Connection` names), `x-kvgate-*`, forwarding chains and `Authorization`; then the gateway's
+    request id and, if configured, the worker's own API key (vLLM's `--api-key`)."""
+    named = {
+        token.strip().lower().encode()
+        for name, value in headers.fields
+        if name.lower() == b"connection"
+        for token in value.decode("latin-1").split(",")
+    }
+    kept = tuple(
+        (name, value)
+        for name, value in headers.fields
+        if (low := name.lower()) not in NOT_FORWARDED
+        and low not in named
+        and not low.startswith(b"x-kvgate-")
+    )
+    ours = [(b"x-request-id", request_id.encode())]
+    if upstream_key:
+        ours.append((b"authorization", b"Bearer " + upstream_key.encode()))
+    headers.fields = kept + tuple(ours)
+
+
+def with_usage_requested(raw: bytes, body: dict[str, object]) -> bytes:
+    """The body with `stream_options.include_usage = true` (cheap splice when the key is absent)."""
+    if "stream_options" not in body:
+        start = raw.find(b"{")
+        return raw[: start + 1] + b'"stream_options":{"include_usage":true},' + raw[start + 1 :]
+    options = dict(body["stream_options"]) if isinstance(body["stream_options"], dict) else {}
+    return json.dumps({**body, "stream_options": {**options, "include_usage": True}}).encode()
