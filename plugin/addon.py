@@ -39,6 +39,9 @@ from typing import Any
 import redis.asyncio as aioredis
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.tools.dump import DumpMaster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from plugin.admit import Admission
@@ -64,7 +67,7 @@ from plugin.static_workers import StaticWorkers
 from plugin.workers import WorkerPool
 from policy.pressure import PressureTracker
 from runtime.tasks import spawn
-from store.redis_server import EmbeddedRedis
+from store.redis_server import EmbeddedRedis, stable_socket_path
 from store.slots import SlotPool
 
 logger = logging.getLogger(__name__)
@@ -156,6 +159,9 @@ class KvGate:
         )
         loader.add_option("kvgate_gateway_id", str, "", "This gateway's name (empty: hostname-pid).")
         loader.add_option(
+            "kvgate_embedded_redis_port", int, 0, "TCP port of the embedded redis-server (0: a free one)."
+        )
+        loader.add_option(
             "kvgate_workers",
             Sequence[str],
             [],
@@ -193,15 +199,21 @@ class KvGate:
         self.gateway_id = opts.kvgate_gateway_id or f"{socket.gethostname()}-{os.getpid()}"
         url = opts.kvgate_redis_url
         if not url:
-            self.embedded = EmbeddedRedis().start()
+            # a stable address across restarts of this gateway, so its agents find the new server
+            name = opts.kvgate_gateway_id or f"port-{opts.listen_port}"
+            port = opts.kvgate_embedded_redis_port or None
+            self.embedded = EmbeddedRedis(port, unix_socket=stable_socket_path(name)).start()
             url = self.embedded.url
-            logger.info("kvgate: embedded redis-server at %s", url)
+            logger.info("kvgate: embedded redis-server at %s and %s", url, self.embedded.unix_url)
         # redis-py's default pool raises MaxConnectionsError past 100 concurrent commands, which a
         # burst of queued requests reaches; its blocking pool costs more per command, so: a high cap
         timeout_s = self.config.gateway.redis_timeout_ms / 1000
         self.redis = aioredis.Redis.from_url(
             url, max_connections=REDIS_CONNECTIONS, socket_connect_timeout=timeout_s,
-            socket_timeout=max(timeout_s, 5.0),  # > the index tail's blocking XREAD
+            socket_timeout=timeout_s,  # also the admission fast path's (store/resp.py); > the index XREAD
+            # after a Redis restart every pooled connection is stale: a command that finds its
+            # connection closed reconnects and is sent again (the scripts are idempotent per id)
+            retry=Retry(NoBackoff(), 2), retry_on_error=[RedisConnectionError],
         )  # fmt: skip
         secret = self.config.gateway.worker_secret_bytes()
         if not secret:

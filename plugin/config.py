@@ -58,7 +58,7 @@ class GatewaySection:
         _at_least("gateway.drain_timeout_ms", self.drain_timeout_ms, 0)
         _one_of("gateway.upstream_scheme", self.upstream_scheme, ("http", "https"))
         _one_of("gateway.redis_failure", self.redis_failure, ("closed", "open"))
-        _at_least("gateway.redis_timeout_ms", self.redis_timeout_ms, 10)
+        _at_least("gateway.redis_timeout_ms", self.redis_timeout_ms, 1500)  # the index tail blocks 1 s
         if not 0 < self.redis_open_share <= 1:
             raise ConfigError("gateway.redis_open_share", self.redis_open_share, "must be in (0, 1]")
         secret_value("gateway.worker_secret", self.worker_secret)

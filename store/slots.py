@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from policy.admission import AdmitCode, CheckStatus, ClaimCode, Quota, estimated_wait_s
 from policy.types import Band
@@ -263,6 +264,12 @@ class SlotPool:
             lease = await self._wait(ticket, granted, reply.seats, start, est)
             settled = True
             return lease
+        except (RedisError, OSError):
+            # Redis unreachable or too slow: answer now; leaving is tried in the background (and
+            # whatever Redis may hold for this id expires on its own)
+            settled = True
+            spawn(self._leave(ticket.model, rid), name="slots-leave-late")
+            raise
         finally:
             self._waiters.pop(rid, None)
             if not settled:
@@ -365,7 +372,11 @@ class SlotPool:
         return True
 
     async def _leave(self, model: str, rid: str) -> None:
-        reply = await self.scripts.release(model, rid)
+        try:
+            reply = await self.scripts.release(model, rid)
+        except (RedisError, OSError) as e:  # Redis down: its queue entry and lease expire on their own
+            logger.warning("request %s could not leave admission (%s): it expires", rid, e)
+            return
         logger.debug("request %s left admission: %s", rid, reply.code.name)
 
     async def _listen(self) -> None:
@@ -377,6 +388,9 @@ class SlotPool:
                         self._wake(message["data"])
             except asyncio.CancelledError:
                 raise
+            except (RedisError, OSError) as e:  # Redis down or restarted: no traceback per retry
+                logger.warning("admission grant subscription failed (%s); retrying", e)
+                await asyncio.sleep(0.5)
             except Exception:
                 logger.warning("admission grant subscription failed; retrying", exc_info=True)
                 await asyncio.sleep(0.5)

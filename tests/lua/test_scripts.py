@@ -125,6 +125,7 @@ async def test_renew_extends_live_leases_and_reports_lost_ones(
 ) -> None:
     await take(scripts, "a", lease_ms=100)
     await take(scripts, "b", lease_ms=100, now=T0 + 50)
+    await scripts.check(M, "x", now_ms=T0 + 110)  # any call reaps a: its seat is gone
     reply = await scripts.renew(M, ["a", "b", "ghost"], 1000, now_ms=T0 + 120)
     assert reply.lost == ("a", "ghost")  # a expired at T0+100
     assert await redis.zscore(model_keys(M)[1], "b") == T0 + 1120
@@ -344,3 +345,15 @@ async def test_claim_places_a_lease_granted_after_waiting(
     assert used[b"wreq:w1"] == b"1" and used[b"wreq:w2"] == b"1"
     await scripts.release(M, "b", now_ms=T0)
     assert b"wreq:w2" not in await redis.hgetall(model_keys(M)[3])
+
+
+async def test_renewal_keeps_an_expired_lease_nobody_reaped(
+    redis: aioredis.Redis, scripts: AdmissionScripts
+) -> None:
+    """After a Redis pause longer than a lease, the holder's renewal comes first: its seat was never
+    given away, so it keeps it (and a newcomer is not admitted over the quota)."""
+    await quota(redis, Quota(total=1))
+    assert await take(scripts, "a", lease_ms=100) == AdmitCode.ADMITTED
+    reply = await scripts.renew(M, ["a"], 1000, now_ms=T0 + 500)
+    assert reply.lost == ()
+    assert await take(scripts, "b", wait_ms=0, now=T0 + 600) == AdmitCode.NO_SEAT

@@ -1,0 +1,283 @@
+"""Issue 10's failure list, each case with real processes and the fault injected for real.
+
+Gateways are `kvgate proxy` subprocesses; Redis is a redis-server killed with SIGKILL, restarted on
+the same port empty, or paused with SIGSTOP (tests/e2e/faults.py); upstreams are the controllable
+SSE server (holds every stream after its first event until released) or emulated vLLM workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from runtime.tasks import spawn
+from store.scripts import quota_key
+from tests.e2e.faults import Answer, RedisProcess, send
+from tests.e2e.harness import Gateway, SseUpstream, chat, gateways, get, poll
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "m"
+CONFIG = f"""
+[models."{MODEL}"]
+total = 3
+
+[routing]
+refresh_ms = 100
+
+[admission]
+lease_ms = 4000
+renew_every_ms = 1000
+"""
+
+
+@pytest.fixture
+async def redis_proc() -> AsyncIterator[RedisProcess]:
+    proc = RedisProcess().start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[SseUpstream]:
+    up = await SseUpstream(MODEL).start()
+    try:
+        yield up
+    finally:
+        await up.close()
+
+
+def config_file(tmp_path: Path, text: str = CONFIG) -> Path:
+    path = tmp_path / "kvgate.toml"
+    path.write_text(text)
+    return path
+
+
+def gateway(redis_url: str, up: SseUpstream, tmp_path: Path, **kw: object) -> Gateway:
+    return Gateway(redis_url, config=config_file(tmp_path), workers=[up.url], model=MODEL, log_dir=tmp_path,
+                   **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
+async def held_burst(gw: Gateway, up: SseUpstream, n: int, headers: dict[str, str] | None = None) -> int:
+    """Send `n` streams at once; return how many reached the upstream while it held them all (the
+    running count at the worker's own side), then release them and check every one was answered 200."""
+    up.release = asyncio.Event()
+    up.first_sent_at.clear()
+    tasks = [
+        spawn(send(gw.url, chat(MODEL, f"hi {i}", stream=True), headers), name=f"s{i}") for i in range(n)
+    ]
+
+    async def reached_or_answered() -> bool:
+        return len(up.first_sent_at) >= 1 or all(t.done() for t in tasks)
+
+    await poll(reached_or_answered, 20, "a stream at the upstream")
+    await asyncio.sleep(1.0)  # a gate that lets more through would have by now
+    running = len(up.first_sent_at)
+    up.release.set()
+    answers: list[Answer] = await asyncio.gather(*tasks)
+    assert [a.status for a in answers] == [200] * n, [(a.status, a.body[:200], a.error) for a in answers]
+    return running
+
+
+async def quota_hash(url: str) -> dict[str, str]:
+    client = aioredis.Redis.from_url(url, decode_responses=True)
+    try:
+        return await client.hgetall(quota_key(MODEL))  # type: ignore[no-any-return]
+    finally:
+        await client.aclose()
+
+
+async def ready(gw: Gateway) -> bool:
+    try:
+        return (await get(f"{gw.url}/readyz", timeout_s=1.0))[0] == 200
+    except (OSError, TimeoutError):
+        return False
+
+
+# -- 1. a Redis restart must not switch admission off -----------------------------------------------
+
+
+async def test_quota_is_enforced_after_a_redis_restart(
+    redis_proc: RedisProcess, upstream: SseUpstream, tmp_path: Path
+) -> None:
+    gw = gateway(redis_proc.url, upstream, tmp_path)
+    async with gateways(gw):
+        assert await held_burst(gw, upstream, 8) == 3
+        redis_proc.restart()  # SIGKILL, then an empty redis-server on the same port (no quota hash)
+        await poll(lambda: ready(gw), 20, "the gateway ready again (static worker registered again)")
+        assert await held_burst(gw, upstream, 8) == 3  # not 8: a missing quota never means unlimited
+        stored = await quota_hash(redis_proc.url)
+        assert (stored["total"], stored["origin"]) == ("3", "config")
+        assert "was missing in Redis" in gw.output()
+
+
+async def test_an_operator_change_survives_a_gateway_restart(
+    redis_proc: RedisProcess, upstream: SseUpstream, tmp_path: Path
+) -> None:
+    gw = gateway(redis_proc.url, upstream, tmp_path)
+    async with gateways(gw):
+        await poll(lambda: _quota_written(redis_proc.url), 10, "the configured quota")
+        client = aioredis.Redis.from_url(redis_proc.url)
+        await client.hset(quota_key(MODEL), "total", 5)  # an operator's run-time change
+        await client.aclose()
+    again = gateway(redis_proc.url, upstream, tmp_path)  # same config (total = 3), a fresh process
+    async with gateways(again):
+        assert await held_burst(again, upstream, 8) == 5
+        stored = await quota_hash(redis_proc.url)
+        assert (stored["total"], stored["origin"]) == ("5", "operator")
+
+
+async def _quota_written(url: str) -> bool:
+    return (await quota_hash(url)).get("total") == "3"
+
+
+# -- 2. a reused x-request-id must not share a lease -----------------------------------------------
+
+
+async def test_a_reused_request_id_does_not_bypass_the_quota(
+    redis_proc: RedisProcess, upstream: SseUpstream, tmp_path: Path
+) -> None:
+    gw = gateway(redis_proc.url, upstream, tmp_path)
+    async with gateways(gw):
+        assert await held_burst(gw, upstream, 8, headers={"x-request-id": "same-id"}) == 3
+        forwarded = {v for s in upstream.seen for k, v in s["headers"].items() if k.lower() == "x-request-id"}
+        assert len(forwarded) == 8 and all(f.startswith("same-id.") for f in forwarded)
+
+
+# -- 4. Redis down: 503 + Retry-After, unready but alive, recovery by itself -------------------------
+
+
+async def test_redis_killed_means_503_with_retry_after_then_recovery(
+    redis_proc: RedisProcess, upstream: SseUpstream, tmp_path: Path
+) -> None:
+    upstream.release.set()
+    gw = gateway(redis_proc.url, upstream, tmp_path)
+    async with gateways(gw):
+        assert (await send(gw.url, chat(MODEL, "before"))).status == 200
+        assert redis_proc.server is not None
+        redis_proc.kill()
+        answers = await asyncio.gather(*(send(gw.url, chat(MODEL, f"down {i}")) for i in range(20)))
+        assert {a.status for a in answers} == {503}, [(a.status, a.body[:120]) for a in answers]
+        assert all(int(a.headers["Retry-After"]) >= 1 for a in answers)
+        assert {json.loads(a.body)["error"]["code"] for a in answers} <= {"redis_unavailable"}
+        assert (await get(f"{gw.url}/healthz"))[0] == 200  # alive: no restart of every pod at once
+        assert (await get(f"{gw.url}/readyz"))[0] == 503  # not ready
+        redis_proc.start()
+        await poll(lambda: ready(gw), 20, "the gateway ready again")
+        assert (await send(gw.url, chat(MODEL, "after"))).status == 200
+        assert "Traceback" not in gw.output()
+
+
+async def test_a_redis_pause_longer_than_a_lease_is_not_a_fleet_death(
+    redis_proc: RedisProcess, upstream: SseUpstream, tmp_path: Path
+) -> None:
+    upstream.release.set()
+    gw = gateway(redis_proc.url, upstream, tmp_path)
+    async with gateways(gw):
+        assert (await send(gw.url, chat(MODEL, "before"))).status == 200
+        redis_proc.pause()  # SIGSTOP for longer than the static worker's 4 s lease
+        try:
+            during = await send(gw.url, chat(MODEL, "during"), timeout_s=8)  # bounded by redis_timeout_ms
+            assert during.status == 503 and json.loads(during.body)["error"]["code"] == "redis_unavailable"
+            await asyncio.sleep(5.0)
+        finally:
+            redis_proc.resume()
+        after = await send(gw.url, chat(MODEL, "after"))
+        assert after.status == 200, after.body[:300]  # not 503 no_healthy_worker
+
+
+# -- 5. bad input gets a clear answer, never a 500, never forwarded raw ------------------------------
+
+
+async def raw_status(port: int, head: bytes, body: bytes = b"") -> tuple[int, bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head + body)
+        await writer.drain()
+        response = await asyncio.wait_for(reader.read(65536), 20)
+    finally:
+        writer.close()
+    status = int(response.split(b" ", 2)[1]) if response.startswith(b"HTTP/") else 0
+    return status, response
+
+
+def request_head(extra: bytes, length: int) -> bytes:
+    start = b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+    return start + extra + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % length
+
+
+@pytest.mark.parametrize(
+    ("header", "status"),
+    [
+        pytest.param(b"x-request-id: caf\xe9\r\n", 400, id="latin-1 request id"),
+        pytest.param(b"x-request-id: " + b"a" * 100_000 + b"\r\n", None, id="100 KB request id"),
+        pytest.param(b"x-request-id: abc\rSet-Cookie: evil=1\r\n", None, id="CR in request id"),
+        pytest.param(b"x-request-id: abc\x00def\r\n", None, id="NUL in request id"),
+        pytest.param(b"x-request-id: a b\r\n", 400, id="space in request id"),
+        pytest.param("x-kvgate-priority: ١\r\n".encode(), 400, id="Arabic-Indic digit priority"),
+        pytest.param(b"x-kvgate-priority: +5\r\n", 400, id="plus-signed priority"),
+        pytest.param(b"x-kvgate-max-wait-ms: \xd9\xa1\r\n", 400, id="Arabic-Indic digit wait"),
+    ],
+)
+async def test_bad_headers_are_refused_cleanly(
+    redis_proc: RedisProcess, upstream: SseUpstream, tmp_path: Path, header: bytes, status: int | None
+) -> None:
+    upstream.release.set()
+    gw = gateway(redis_proc.url, upstream, tmp_path)
+    body = json.dumps(chat(MODEL, "hi")).encode()
+    async with gateways(gw):
+        got, response = await raw_status(gw.port, request_head(header, len(body)), body)
+        if status is None:  # refused by the gateway or by its HTTP parser, but refused
+            assert 400 <= got < 500 or got == 0, response[:300]
+        else:
+            assert got == status, response[:300]
+        assert b"evil" not in response and b"Set-Cookie" not in response
+        assert upstream.seen == []  # never forwarded
+        assert "Traceback" not in gw.output()
+
+
+async def test_deeply_nested_json_is_a_400(
+    redis_proc: RedisProcess, upstream: SseUpstream, tmp_path: Path
+) -> None:
+    gw = gateway(redis_proc.url, upstream, tmp_path)
+    async with gateways(gw):
+        nested = json.dumps({**chat(MODEL, "x"), "tools": "HERE"}).encode()
+        for body in (b"[" * 100_000, nested.replace(b'"HERE"', b"[" * 200 + b"]" * 200)):
+            answer = await send(gw.url, body)
+            assert answer.status == 400 and json.loads(answer.body)["error"]["code"] == "invalid_json"
+        assert "Traceback" not in gw.output()
+
+
+async def test_client_headers_are_not_forwarded_to_workers(
+    redis_proc: RedisProcess, upstream: SseUpstream, tmp_path: Path
+) -> None:
+    upstream.release.set()
+    config = config_file(tmp_path, CONFIG + '\n[gateway]\nupstream_api_key = "env:TEST_UPSTREAM_KEY"\n')
+    gw = Gateway(redis_proc.url, config=config, workers=[upstream.url], model=MODEL, log_dir=tmp_path,
+                 env={"TEST_UPSTREAM_KEY": "worker-key"})  # fmt: skip
+    headers = {"Authorization": "Bearer tenant-secret", "X-Forwarded-For": "6.6.6.6", "Forwarded": "for=x",
+               "x-kvgate-worker": "spoofed", "x-kvgate-internal": "1", "Keep-Alive": "timeout=5",
+               "Connection": "keep-alive, x-drop-me", "x-drop-me": "1", "x-custom": "kept"}  # fmt: skip
+    async with gateways(gw):
+        answer = await send(gw.url, chat(MODEL, "hi"), headers)
+        assert answer.status == 200
+    seen = {k.lower(): v for k, v in upstream.seen[0]["headers"].items()}
+    assert seen["authorization"] == "Bearer worker-key"  # replaced, never the tenant's key
+    assert seen["x-custom"] == "kept"
+    for name in (
+        "x-forwarded-for",
+        "forwarded",
+        "x-kvgate-worker",
+        "x-kvgate-internal",
+        "keep-alive",
+        "x-drop-me",
+    ):
+        assert name not in seen, name
+    assert "tenant-secret" not in json.dumps(upstream.seen)
