@@ -99,8 +99,8 @@ class DecisionLog:
 async def read_recent(redis: aioredis.Redis, count: int = 100) -> list[dict[str, Any]]:
     """The newest records, newest first (for tests and operators)."""
     out = []
-    for _, fields in await redis.xrevrange(STREAM_KEY, count=count):
-        raw = {_text(k): _text(v) for k, v in fields.items()}
+    for _, fields in await redis.xrevrange(STREAM_KEY, count=count) or []:
+        raw = {_text(k): _text(v) for k, v in (fields or {}).items()}
         out.append(json.loads(raw["record"]) if "record" in raw else raw)
     return out
 

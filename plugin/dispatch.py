@@ -7,8 +7,6 @@ when the client did not (so the gateway can meter it; the usage chunk is strippe
 
 from __future__ import annotations
 
-import json
-
 from mitmproxy import http
 
 from plugin.context import GatewayContext
@@ -40,8 +38,10 @@ class Dispatch:
         request.scheme, request.data.host, request.port = up.scheme, up.host, up.port
         key = self.ctx.config.gateway.upstream_key(route.worker.id)
         sanitize_upstream_headers(request.headers, state.request_id, key)
-        if parsed.stream and not parsed.include_usage and self.ctx.config.streaming.collect_usage:
-            request.content = with_usage_requested(request.content or b"", parsed.body)
+        ask_usage = parsed.endpoint.request_usage
+        wanted = parsed.stream and not parsed.include_usage and self.ctx.config.streaming.collect_usage
+        if ask_usage is not None and wanted:
+            request.content = ask_usage(request.content or b"", parsed.body)
             state.usage_requested = True
         kind = "hit" if route.view.prefix_hits.get(route.worker.id, 0) else "miss"
         self.ctx.metrics.routed.inc(parsed.model, route.worker.id, kind)
@@ -79,12 +79,3 @@ def sanitize_upstream_headers(headers: http.Headers, request_id: str, upstream_k
     if upstream_key:
         ours.append((b"authorization", b"Bearer " + upstream_key.encode()))
     headers.fields = kept + tuple(ours)
-
-
-def with_usage_requested(raw: bytes, body: dict[str, object]) -> bytes:
-    """The body with `stream_options.include_usage = true` (cheap splice when the key is absent)."""
-    if "stream_options" not in body:
-        start = raw.find(b"{")
-        return raw[: start + 1] + b'"stream_options":{"include_usage":true},' + raw[start + 1 :]
-    options = dict(body["stream_options"]) if isinstance(body["stream_options"], dict) else {}
-    return json.dumps({**body, "stream_options": {**options, "include_usage": True}}).encode()

@@ -119,7 +119,7 @@ def install_json_protocol_errors() -> bool:
 
     if not callable(getattr(_http1, "make_error_response", None)):
         return False
-    _http1.make_error_response = json_protocol_error  # type: ignore[assignment]
+    _http1.make_error_response = json_protocol_error
     return True
 
 
@@ -136,7 +136,8 @@ def install_oversized_body_drain(max_body_bytes: int) -> bool:
     `connection: close`. Returns False if this mitmproxy's HTTP layer differs (nothing patched)."""
     from mitmproxy.net.http.http1 import expected_http_body_size
     from mitmproxy.proxy import commands
-    from mitmproxy.proxy.layers.http import HttpStream, RequestData, RequestEndOfMessage
+    from mitmproxy.proxy.layers.http import HttpStream
+    from mitmproxy.proxy.layers.http._events import RequestData, RequestEndOfMessage
     from mitmproxy.utils import human
 
     original = getattr(HttpStream, "check_body_size", None)

@@ -15,9 +15,10 @@ import secrets
 from mitmproxy import http
 
 from plugin.context import GatewayContext
+from plugin.endpoints import route_for
 from plugin.errors import GatewayError
 from plugin.flow import STATE, FlowState, answered, fail_closed, now_s
-from plugin.parse import parse_completion, route_for
+from plugin.parse import parse_completion
 
 
 class HeaderMap(dict[str, str]):
@@ -80,7 +81,7 @@ class Intake:
             ctx.metrics.local.inc("unknown")
             flow.response = e.to_response()
             return
-        if endpoint not in ("chat", "completions"):
+        if isinstance(endpoint, str):  # the gateway's own: /v1/models, /healthz, /metrics
             ctx.metrics.local.inc(endpoint)
             flow.response = await ctx.local.serve(endpoint)
             return
@@ -107,12 +108,17 @@ class Intake:
                     503, "no_healthy_worker", f"no healthy worker for {parsed.model!r}", retry_after_s=1
                 )
             try:
-                prompt = ctx.hasher.hash_prompt(parsed.body, parsed.model, ctx.config.routing.chunk_chars)
+                text = endpoint.prefix_text(parsed.body)
+                prompt = ctx.hasher.hash_text(text, parsed.model, ctx.config.routing.chunk_chars)
             except ValueError as e:
                 raise GatewayError(400, "invalid_request", str(e)) from None
             if ctx.router.is_exact(parsed.model):  # token ids from a worker; this prompt if none
                 prompt = await ctx.router.exact_prompt(
-                    parsed.body, parsed.model, prompt, ctx.workers.routable(parsed.model)
+                    parsed.body,
+                    parsed.model,
+                    prompt,
+                    ctx.workers.routable(parsed.model),
+                    request_for=endpoint.tokenize_request,
                 )
             state.prompt = prompt
         except GatewayError as e:

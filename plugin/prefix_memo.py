@@ -56,7 +56,10 @@ class PromptHasher:
 
     def hash_prompt(self, body: Mapping[str, object], model: str, chunk_chars: int) -> Prompt:
         """Canonicalize and hash; ValueError (-> 400) for shapes that are not OpenAI requests."""
-        text = canonical_text(body)
+        return self.hash_text(canonical_text(body), model, chunk_chars)
+
+    def hash_text(self, text: str, model: str, chunk_chars: int) -> Prompt:
+        """Hash a request's canonical text (its endpoint's `prefix_text`)."""
         hashes, tokens = self.block_hashes(text, model=model, chunk_chars=chunk_chars)
         return Prompt(hashes, tokens, max(1, len(text) // CHARS_PER_TOKEN))
 

@@ -18,7 +18,7 @@ from mitmproxy import http
 
 from plugin.context import GatewayContext
 from plugin.flow import NOT_HELD, FlowState, put_headers, state_of
-from plugin.streaming import SseMeter, meter_json_body
+from plugin.streaming import SseMeter, Usage
 
 logger = logging.getLogger(__name__)
 CONNECT_FAILURE_MARKERS = ("connect", "refused", "unreachable", "name or service")
@@ -96,11 +96,12 @@ class Release:
         if route is None:
             return
         ctx.router.finished(route)
+        usage: Usage | None
         if state.meter is not None:
             usage = state.meter.finish()
         elif flow.response is not None and status < 400:
             content = flow.response.content  # decoded on every access: once
-            usage = meter_json_body(content) if content is not None else None
+            usage = state.parsed.endpoint.meter_body(content) if content is not None else None
         else:
             usage = None
         record: dict[str, Any] = {

@@ -26,7 +26,7 @@ import logging
 import random
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -35,7 +35,7 @@ from redis.exceptions import RedisError
 
 from plugin.config import RoutingSection
 from plugin.flow import Prompt, Route, Upstream
-from plugin.tokenize import TokenizeFailed, Tokenizer
+from plugin.tokenize import TokenizeFailed, Tokenizer, TokenizeRequest, tokenize_request
 from policy.config import RoutingConfig
 from policy.index import PrefixIndex
 from policy.kvgate import build_policy
@@ -164,14 +164,19 @@ class Router:
 
     # -- exact mode: token ids before admission ------------------------------------------------------
     async def exact_prompt(
-        self, body: dict[str, object], model: str, fallback: Prompt, workers: Sequence[WorkerRecord]
+        self,
+        body: dict[str, object],
+        model: str,
+        fallback: Prompt,
+        workers: Sequence[WorkerRecord],
+        request_for: Callable[[Mapping[str, object], str], TokenizeRequest] = tokenize_request,
     ) -> Prompt:
         """The request's token-block hashes (exact mode), or `fallback` (its approximate hashes) when
         no token ids could be had; the fallback is counted in kvgate_prefix_fallbacks_total."""
         started = time.monotonic()
         try:
             blocks, source = await self.tokenizer.blocks(
-                body, model, workers, self.block_size(model, workers)
+                body, model, workers, self.block_size(model, workers), request_for
             )
         except TokenizeFailed as e:
             logger.debug("exact prefix of a %s request: %s; approximate instead", model, e)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -48,18 +48,31 @@ class TokenizeFailed(Exception):
         self.reason = reason
 
 
-def tokenize_request(body: Mapping[str, object], model: str) -> dict[str, object] | list[int]:
+TokenizeRequest = dict[str, object] | list[int]  # the /tokenize body, or the token ids the request carries
+
+
+def tokenize_request(body: Mapping[str, object], model: str) -> TokenizeRequest:
     """The /tokenize body for an OpenAI chat or completions request, or the token ids it already
     carries. Raises TokenizeFailed("unsupported") for prompts /tokenize cannot take (batches)."""
     if "messages" in body:
-        out: dict[str, object] = {"model": model, "messages": body["messages"]}
-        out.update((k, body[k]) for k in CHAT_FIELDS if k in body)
-        return out
+        return chat_tokenize_request(body, model)
+    return completion_tokenize_request(body, model)
+
+
+def chat_tokenize_request(body: Mapping[str, object], model: str) -> TokenizeRequest:
+    """A chat request's /tokenize body: the worker applies its own chat template."""
+    out: dict[str, object] = {"model": model, "messages": body["messages"]}
+    out.update((k, body[k]) for k in CHAT_FIELDS if k in body)
+    return out
+
+
+def completion_tokenize_request(body: Mapping[str, object], model: str) -> TokenizeRequest:
+    """A completions request's /tokenize body, or its own token ids."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        out = {"model": model, "prompt": prompt}
+        out: dict[str, object] = {"model": model, "prompt": prompt}
         if "add_special_tokens" in body:
             out["add_special_tokens"] = body["add_special_tokens"]
         return out
@@ -105,11 +118,16 @@ class Tokenizer:
             self._session = None
 
     async def blocks(
-        self, body: Mapping[str, object], model: str, workers: Sequence[WorkerRecord], block_size: int
+        self,
+        body: Mapping[str, object],
+        model: str,
+        workers: Sequence[WorkerRecord],
+        block_size: int,
+        request_for: Callable[[Mapping[str, object], str], TokenizeRequest] = tokenize_request,
     ) -> tuple[TokenBlocks, str]:
-        """(blocks, source) with source "prompt" (ids in the request), "cache" or "worker".
-        Raises TokenizeFailed."""
-        request = tokenize_request(body, model)
+        """(blocks, source) with source "prompt" (ids in the request), "cache" or "worker";
+        `request_for` is the endpoint's /tokenize body (plugin/endpoints.py). Raises TokenizeFailed."""
+        request = request_for(body, model)
         if isinstance(request, list):
             return _hashed(request, model, block_size), "prompt"
         key = json.dumps(request, separators=(",", ":"))  # the cache key is also the body sent

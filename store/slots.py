@@ -121,7 +121,7 @@ async def set_quota(redis: aioredis.Redis, model: str, quota: Quota) -> None:
     meta = {"origin": "operator", "v": str(now_s * 1000 + now_us // 1000)}
     async with redis.pipeline(transaction=True) as pipe:
         pipe.delete(quota_key(model))
-        pipe.hset(quota_key(model), mapping={**quota.to_hash(), **meta})  # type: ignore[arg-type]
+        pipe.hset(quota_key(model), mapping=dict(quota.to_hash()) | meta)  # type: ignore[arg-type]
         await pipe.execute()
     logger.info("admission quota for model %s set to %s", model, quota.to_hash())
 

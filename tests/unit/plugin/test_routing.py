@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from plugin.config import RoutingSection
-from plugin.dispatch import with_usage_requested
+from plugin.endpoints import with_usage_requested
 from plugin.prefix_memo import hash_prompt
 from plugin.routing import Router, parse_upstream
 from policy.types import Band
