@@ -9,16 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
+from bench.stack import stop_process
 from runtime.tasks import spawn
+from store import keys
+from store.redis_server import stable_socket_path
 from store.scripts import quota_key
-from tests.e2e.faults import Answer, RedisProcess, send
-from tests.e2e.harness import Gateway, SseUpstream, chat, gateways, get, poll
+from tests.e2e.faults import Answer, RedisProcess, alive, children_named, send
+from tests.e2e.harness import Gateway, SseUpstream, chat, gateways, get, poll, start_worker
 
 pytestmark = pytest.mark.e2e
 
@@ -281,3 +289,122 @@ async def test_client_headers_are_not_forwarded_to_workers(
     ):
         assert name not in seen, name
     assert "tenant-secret" not in json.dumps(upstream.seen)
+
+
+# -- 3. the worker plane: signed registrations, a live id is not taken over ------------------------
+
+
+def agent_command(worker_url: str, redis_url: str, worker_id: str) -> list[str]:
+    return [sys.executable, "-m", "plugin.cli", "agent", "--worker-url", worker_url, "--model", MODEL,
+            "--worker-id", worker_id, "--redis", redis_url, "--heartbeat-ms", "200"]  # fmt: skip
+
+
+async def test_only_signed_workers_are_routable_and_a_live_id_is_not_taken_over(
+    redis_proc: RedisProcess, tmp_path: Path
+) -> None:
+    runner_a, url_a = await start_worker(MODEL, "a")
+    runner_b, url_b = await start_worker(MODEL, "b")
+    secret = {"KVGATE_WORKER_SECRET": "s3cret"}
+    gw = Gateway(redis_proc.url, config=config_file(tmp_path), log_dir=tmp_path, env=secret)
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def agent(url: str, env: dict[str, str], name: str) -> Path:
+        log = tmp_path / f"agent-{name}.log"
+        with log.open("wb") as out:
+            procs.append(subprocess.Popen(agent_command(url, redis_proc.url, "w1"), stdout=out,
+                                          stderr=subprocess.STDOUT, env={**os.environ, **env}))  # fmt: skip
+        return log
+
+    try:
+        await gw.start(expect_healthy=False)
+        agent(url_a, {}, "unsigned")  # a stock agent without the secret
+        await poll(lambda: _logged(gw, "not routable"), 20, "the gateway refusing the unsigned worker")
+        refused = await send(gw.url, chat(MODEL, "hi"))
+        assert refused.status in (404, 503) and refused.status != 200
+        stop_process(procs.pop())
+        client = aioredis.Redis.from_url(redis_proc.url)
+        await client.delete(keys.worker(MODEL, "w1"), keys.workers(MODEL))  # its lease, gone at once
+        await client.aclose()
+        agent(url_a, secret, "signed")
+        await poll(lambda: ready(gw), 20, "the signed worker routable")
+        assert (await send(gw.url, chat(MODEL, "hi"))).status == 200
+        other = agent(url_b, secret, "impostor")  # the same id with another URL, signed even
+        await poll(lambda: _file_has(other, "registration refused"), 20, "the second agent refused")
+        answers = [await send(gw.url, chat(MODEL, f"q{i}")) for i in range(5)]
+        assert {a.status for a in answers} == {200}
+        assert {a.headers["x-kvgate-worker"] for a in answers} == {"w1"}
+        client = aioredis.Redis.from_url(redis_proc.url, decode_responses=True)
+        assert await client.hget(keys.worker(MODEL, "w1"), "url") == url_a
+        await client.aclose()
+    finally:
+        for proc in procs:
+            stop_process(proc)
+        gw.stop()
+        await runner_a.cleanup()
+        await runner_b.cleanup()
+
+
+async def _logged(gw: Gateway, text: str) -> bool:
+    return text in gw.output()
+
+
+async def _file_has(path: Path, text: str) -> bool:
+    return path.exists() and text in path.read_text(errors="replace")
+
+
+# -- 4. the embedded Redis dies with its gateway, even after kill -9 -------------------------------
+
+
+async def test_embedded_redis_dies_with_a_killed_gateway(upstream: SseUpstream, tmp_path: Path) -> None:
+    gw = Gateway("", config=config_file(tmp_path), workers=[upstream.url], model=MODEL, log_dir=tmp_path,
+                 gateway_id="solo")  # fmt: skip
+    async with gateways(gw):
+        assert gw.proc is not None
+        servers = children_named(gw.proc.pid, "redis-server")
+        assert len(servers) == 1
+        assert stable_socket_path("solo") in gw.output()  # the address its agents are given
+        gw.proc.send_signal(signal.SIGKILL)
+        gw.proc.wait()
+
+        async def gone() -> bool:
+            return not alive(servers[0])
+
+        await poll(gone, 10, "the embedded redis-server to die with its gateway")
+
+
+# -- 5. an oversized body gets its 413 for every client, with no hang -------------------------------
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_oversized_bodies_get_a_413_without_a_hang(
+    redis_proc: RedisProcess, upstream: SseUpstream, tmp_path: Path, chunked: bool
+) -> None:
+    import httpx
+    import openai
+
+    config = config_file(tmp_path, CONFIG + "\n[limits]\nmax_body_bytes = 100000\n")
+    gw = Gateway(redis_proc.url, config=config, workers=[upstream.url], model=MODEL, log_dir=tmp_path)
+    big = "x" * 5_000_000  # over mitmproxy's body_size_limit (2 x max_body_bytes), no Expect header
+    body = json.dumps(chat(MODEL, big)).encode()
+
+    def with_httpx() -> int:
+        content = iter([body[i : i + 65536] for i in range(0, len(body), 65536)]) if chunked else body
+        with httpx.Client(timeout=20) as client:
+            return client.post(f"{gw.url}/v1/chat/completions", content=content,
+                               headers={"content-type": "application/json"}).status_code  # fmt: skip
+
+    def with_openai_sdk() -> int:
+        client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="k", timeout=20, max_retries=0)
+        try:
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": big}])
+        except openai.APIStatusError as e:
+            return e.status_code
+        return 200
+
+    async with gateways(gw):
+        started = time.monotonic()
+        assert await asyncio.to_thread(with_httpx) == 413
+        if not chunked:  # the SDK always sends a length
+            assert await asyncio.to_thread(with_openai_sdk) == 413
+        assert time.monotonic() - started < 15  # not a client timeout
+    assert upstream.seen == []
