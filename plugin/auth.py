@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from plugin.config import GatewayConfig, TenantSection
+from plugin.config import GatewayConfig, TenantSection, key_digest
 from plugin.errors import GatewayError
 from policy.types import Band, ascii_int
 
@@ -36,7 +36,7 @@ class Auth:
     def tenant(self, authorization: str | None) -> str:
         """Tenant of an Authorization header value; GatewayError 401 when auth is on and it is unknown."""
         key = bearer_token(authorization)
-        if key is not None and (tenant := self.tenant_of_key.get(key)) is not None:
+        if key is not None and (tenant := self.tenant_of_key.get(key_digest(key))) is not None:
             return tenant
         if self.config.auth.enabled:
             if key is None:

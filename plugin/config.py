@@ -9,6 +9,7 @@ options declared by the addon, not settings here.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import tomllib
 import types
@@ -280,16 +281,28 @@ class GatewayConfig:
             for i, key in enumerate(tenant.api_keys):
                 if not key:
                     raise ConfigError(f"tenants.{name}.api_keys[{i}]", key, "must not be empty")
-                if key in seen:
-                    raise ConfigError(f"tenants.{name}.api_keys[{i}]", "***", f"already used by {seen[key]}")
-                seen[key] = name
+                digest = key_digest(key)
+                if digest in seen:
+                    raise ConfigError(
+                        f"tenants.{name}.api_keys[{i}]", "***", f"already used by {seen[digest]}"
+                    )
+                seen[digest] = name
 
     def prefix_modes(self) -> dict[str, str]:
         """Models whose prefix mode differs from routing.prefix_mode (the others use that)."""
         return {name: m.prefix_mode for name, m in self.models.items() if m.prefix_mode}
 
     def key_to_tenant(self) -> dict[str, str]:
-        return {key: name for name, t in self.tenants.items() for key in t.api_keys}
+        """sha256 hex digest of each API key -> its tenant: keys live in memory hashed only; in the file
+        a key may be given as `sha256:<hex>` so it is hashed at rest too."""
+        return {key_digest(key): name for name, t in self.tenants.items() for key in t.api_keys}
+
+
+def key_digest(key: str) -> str:
+    """The sha256 hex digest an API key is compared by; `sha256:<hex>` in the config is one already."""
+    if key.startswith("sha256:"):
+        return key.removeprefix("sha256:").lower()
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def secret_value(path: str, value: str) -> str:

@@ -84,3 +84,18 @@ def test_bearer_token() -> None:
     assert bearer_token("Bearer abc") == "abc"
     assert bearer_token("Bearer ") is None
     assert bearer_token("") is None
+
+
+def test_api_keys_may_be_stored_hashed() -> None:
+    import hashlib
+
+    from plugin.auth import Auth
+    from plugin.config import config_from_dict
+
+    digest = hashlib.sha256(b"tenant-key").hexdigest()
+    config = config_from_dict(
+        {"auth": {"enabled": True}, "tenants": {"acme": {"api_keys": [f"sha256:{digest}"]}}}
+    )
+    auth = Auth(config)
+    assert auth.tenant("Bearer tenant-key") == "acme"
+    assert "tenant-key" not in repr(auth.tenant_of_key)  # only digests are kept in memory
