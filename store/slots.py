@@ -186,6 +186,7 @@ class SlotPool:
         self._pubsub: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self.leases_lost = 0  # leases that expired before renewal (a stalled loop or Redis outage)
+        self.leases_reclaimed = 0  # of those, taken back for their running request (seats were free)
         self.on_quota_missing = on_quota_missing  # writes the model's quota again (plugin/quotas.py)
 
     async def start(self) -> None:
@@ -427,9 +428,25 @@ class SlotPool:
         for model, rids in by_model.items():
             reply = await self.scripts.renew(model, rids, self.lease_ms)
             for rid in reply.lost:
-                if self._held.pop(rid, None) is not None:
+                if (lease := self._held.get(rid)) is not None and not await self._reclaim(lease):
+                    self._held.pop(rid, None)
                     self.leases_lost += 1
                     logger.warning("lease of request %s on %s expired before renewal", rid, model)
+
+    async def _reclaim(self, lease: Lease) -> bool:
+        """Take the seats of a lease Redis lost (it restarted, or the lease lapsed) back for the request
+        that is still running, if they are free now (no wait): so that the running requests count
+        against the quota again and newcomers are not admitted over it."""
+        if self.on_quota_missing is not None:
+            await self.on_quota_missing(lease.model)  # a restarted Redis has no quota yet either
+        reply = await self.scripts.acquire(
+            lease.model, lease.request_id, lease.band, lease.tenant, lease.seats, self.lease_ms, 0,
+            self.gateway_id, worker=lease.worker,
+        )  # fmt: skip
+        if reply.code in (AdmitCode.ADMITTED, AdmitCode.ALREADY_HELD):
+            self.leases_reclaimed += 1
+            return True
+        return False
 
 
 def _rejection(ticket: Ticket, code: AdmitCode, est: float) -> AdmissionRejected:
