@@ -32,6 +32,7 @@ $(VENV)/.installed: pyproject.toml
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 typecheck: venv
 	$(BIN)/mypy

@@ -119,7 +119,11 @@ class KvGate:
             workers=self.workers, router=self.router, hasher=self.hasher, pool=pool, releaser=releaser,
             pressure=self.pressure, decisions=self.decisions, process=self.process, local=self.local,
         )  # fmt: skip
-        self.parts = (Intake(context), Admission(context), Dispatch(context), Release(context))
+        dispatch = Dispatch(
+            collect_usage=self.config.streaming.collect_usage, metrics=self.metrics,
+            upstream_key=self.config.gateway.upstream_key,
+        )  # fmt: skip
+        self.parts = (Intake(context), Admission(context), dispatch, Release(context))
 
     @property
     def releases(self) -> int:

@@ -7,22 +7,33 @@ when the client did not (so the gateway can meter it; the usage chunk is strippe
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mitmproxy import http
 
-from plugin.context import GatewayContext
 from plugin.errors import GatewayError
 from plugin.flow import accepted, fail_closed
+from plugin.metrics import GatewayMetrics
 
 
 class Dispatch:
-    """Request-path part: rewrite the upstream of an admitted request."""
+    """Request-path part: rewrite the upstream of an admitted request. Needs only whether to ask for
+    usage (`[streaming] collect_usage`) and the metrics, not the whole gateway context."""
 
-    def __init__(self, ctx: GatewayContext) -> None:
-        self.ctx = ctx
+    def __init__(
+        self,
+        *,
+        collect_usage: bool,
+        metrics: GatewayMetrics,
+        upstream_key: Callable[[str], str] = lambda worker_id: "",
+    ) -> None:
+        self.collect_usage, self.metrics = collect_usage, metrics
+        self.upstream_key = upstream_key  # worker id -> the API key it gets ("" = none)
 
     @fail_closed
     async def request(self, flow: http.HTTPFlow) -> None:
-        if (found := accepted(flow)) is None:
+        found = accepted(flow)
+        if found is None:
             return
         state, parsed = found.state, found.parsed
         route = state.route  # chosen and placed by admission
@@ -36,15 +47,15 @@ class Dispatch:
         # the host and port setters each rebuild Host/authority: set the host plainly and let the port
         # setter (the last one) rebuild them once, to the same end state
         request.scheme, request.data.host, request.port = up.scheme, up.host, up.port
-        key = self.ctx.config.gateway.upstream_key(route.worker.id)
+        key = self.upstream_key(route.worker.id)
         sanitize_upstream_headers(request.headers, state.request_id, key)
         ask_usage = parsed.endpoint.request_usage
-        wanted = parsed.stream and not parsed.include_usage and self.ctx.config.streaming.collect_usage
+        wanted = parsed.stream and not parsed.include_usage and self.collect_usage
         if ask_usage is not None and wanted:
             request.content = ask_usage(request.content or b"", parsed.body)
             state.usage_requested = True
         kind = "hit" if route.view.prefix_hits.get(route.worker.id, 0) else "miss"
-        self.ctx.metrics.routed.inc(parsed.model, route.worker.id, kind)
+        self.metrics.routed.inc(parsed.model, route.worker.id, kind)
 
 
 # Never forwarded from a client: hop-by-hop headers (RFC 9110 §7.6.1; framing headers stay, mitmproxy

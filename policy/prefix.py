@@ -174,11 +174,15 @@ def text_block_hashes(
     for chunk in chunks:
         prev = blake2b(prev + chunk, digest_size=8).digest()
         hashes.append(int.from_bytes(prev, "little"))
-    full_tokens = -(-chunk_chars // CHARS_PER_TOKEN)
-    tokens = [full_tokens] * len(hashes)
-    if hashes and end % chunk_chars:
+    return tuple(hashes), chunk_tokens(len(hashes), end, chunk_chars)
+
+
+def chunk_tokens(chunks: int, end: int, chunk_chars: int) -> tuple[int, ...]:
+    """Estimated tokens of each of `chunks` text chunks covering `end` characters: ceil(chars / 4)."""
+    tokens = [-(-chunk_chars // CHARS_PER_TOKEN)] * chunks
+    if chunks and end % chunk_chars:
         tokens[-1] = -(-(end % chunk_chars) // CHARS_PER_TOKEN)
-    return tuple(hashes), tuple(tokens)
+    return tuple(tokens)
 
 
 def token_block_hashes(

@@ -25,12 +25,12 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from policy.admission import AdmitCode, CheckStatus, ClaimCode, Quota, estimated_wait_s
+from policy.admission import AdmitCode, AdmitResult, CheckStatus, ClaimCode, Quota, estimated_wait_s
 from policy.types import Band
 from runtime.tasks import cancel_and_wait, spawn
+from store import reconnect
 from store.scripts import (
     GRANTED_CHANNEL,
-    AcquireReply,
     AdmissionScripts,
     model_keys,
     quota_key,
@@ -278,7 +278,7 @@ class SlotPool:
                 # leave the queue / release a raced grant, even while this task is being cancelled
                 await _shielded(self._leave(ticket.model, rid))
 
-    async def _acquire_once(self, ticket: Ticket, worker: str | None) -> AcquireReply:
+    async def _acquire_once(self, ticket: Ticket, worker: str | None) -> AdmitResult:
         return await self.scripts.acquire(
             ticket.model, ticket.request_id, ticket.band, ticket.tenant, ticket.seats, self.lease_ms,
             int(ticket.max_wait_s * 1000), self.gateway_id, worker=worker,
@@ -382,9 +382,11 @@ class SlotPool:
 
     async def _listen(self) -> None:
         """Wake local waiters named in grant messages; reconnects after errors."""
+        failures = 0
         while True:
             try:
                 async for message in self._pubsub.listen():
+                    failures = 0
                     if message.get("type") == "message":
                         self._wake(message["data"])
             except asyncio.CancelledError:
@@ -393,8 +395,9 @@ class SlotPool:
                 logger.warning("admission grant subscription failed (%s); retrying", e)
                 await asyncio.sleep(0.5)
             except Exception:
+                failures += 1
                 logger.warning("admission grant subscription failed; retrying", exc_info=True)
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(reconnect.delay_s(failures))
 
     def _wake(self, data: bytes | str) -> None:
         try:
@@ -428,7 +431,8 @@ class SlotPool:
         for model, rids in by_model.items():
             reply = await self.scripts.renew(model, rids, self.lease_ms)
             for rid in reply.lost:
-                if (lease := self._held.get(rid)) is not None and not await self._reclaim(lease):
+                held = self._held.get(rid)
+                if held is not None and not await self._reclaim(held):
                     self._held.pop(rid, None)
                     self.leases_lost += 1
                     logger.warning("lease of request %s on %s expired before renewal", rid, model)
