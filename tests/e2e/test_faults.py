@@ -53,15 +53,6 @@ async def redis_proc() -> AsyncIterator[RedisProcess]:
         proc.stop()
 
 
-@pytest.fixture
-async def upstream() -> AsyncIterator[SseUpstream]:
-    up = await SseUpstream(MODEL).start()
-    try:
-        yield up
-    finally:
-        await up.close()
-
-
 def config_file(tmp_path: Path, text: str = CONFIG) -> Path:
     path = tmp_path / "kvgate.toml"
     path.write_text(text)
