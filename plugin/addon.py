@@ -52,7 +52,12 @@ from plugin.config import ConfigError, GatewayConfig, load_config
 from plugin.context import GatewayContext
 from plugin.decision_log import DecisionLog
 from plugin.dispatch import Dispatch
-from plugin.errors import install_json_protocol_errors, install_oversized_body_drain, openai_error
+from plugin.errors import (
+    install_json_protocol_errors,
+    install_oversized_body_drain,
+    install_sse_error_on_broken_stream,
+    openai_error,
+)
 from plugin.intake import Intake
 from plugin.local import LocalEndpoints
 from plugin.metrics import GatewayMetrics
@@ -198,6 +203,8 @@ class KvGate:
         opts = ctx.options
         if not install_json_protocol_errors():
             logger.warning("kvgate: mitmproxy's own error pages stay HTML in this version")
+        if not install_sse_error_on_broken_stream():
+            logger.warning("kvgate: a stream its worker breaks off ends without an SSE error event")
         if not install_oversized_body_drain(self.config.limits.max_body_bytes):
             logger.warning("kvgate: an oversized body without Expect: 100-continue may hang its client")
         self.gateway_id = opts.kvgate_gateway_id or f"{socket.gethostname()}-{os.getpid()}"

@@ -173,3 +173,51 @@ def install_oversized_body_drain(max_body_bytes: int) -> bool:
     check_body_size.kvgate_drain = True  # type: ignore[attr-defined]
     HttpStream.check_body_size = check_body_size  # type: ignore[method-assign]
     return True
+
+
+def sse_error_event(message: str) -> bytes:
+    """An OpenAI-style error as the last event of a stream (what the openai SDK raises from)."""
+    error = {"message": message, "type": "server_error", "param": None, "code": "upstream_stream_broken"}
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+
+
+def install_sse_error_on_broken_stream() -> bool:
+    """End a server-sent-event stream whose worker broke off mid-way with an OpenAI-style error event
+    and a proper end of the chunked body, instead of cutting the client's connection: SDKs then raise
+    a clear error rather than return truncated output. Only for a chunked `text/event-stream`
+    response already streaming to the client; every other protocol error is mitmproxy's as before.
+    Returns False if this mitmproxy's HTTP layer differs (nothing patched)."""
+    from mitmproxy.flow import Error
+    from mitmproxy.proxy.layers.http import DropStream, HttpStream, SendHttp
+    from mitmproxy.proxy.layers.http._events import ResponseData, ResponseEndOfMessage, ResponseProtocolError
+    from mitmproxy.proxy.layers.http._hooks import HttpErrorHook
+
+    original = getattr(HttpStream, "handle_protocol_error", None)
+    if original is None or getattr(original, "kvgate_sse", False):
+        return original is not None
+
+    def handle_protocol_error(self: HttpStream, event: Any) -> Any:
+        response = self.flow.response if self.flow is not None else None
+        streaming = (
+            isinstance(event, ResponseProtocolError)
+            and response is not None
+            and self.server_state == self.state_stream_response_body
+            and self.client_state != self.state_errored
+            and response.headers.get("content-type", "").startswith("text/event-stream")
+            and "chunked" in response.headers.get("transfer-encoding", "").lower()
+        )
+        if not streaming:
+            return (yield from original(self, event))
+        self.flow.error = Error(f"worker stream broke off: {event.message}")
+        yield HttpErrorHook(self.flow)
+        message = "the worker stopped mid-stream; the output is incomplete (retry the request)"
+        yield SendHttp(ResponseData(self.stream_id, sse_error_event(message)), self.context.client)
+        yield SendHttp(ResponseEndOfMessage(self.stream_id), self.context.client)
+        self.server_state = self.state_errored
+        self.client_state = self.state_done
+        self.flow.live = False
+        yield DropStream(self.stream_id)
+
+    handle_protocol_error.kvgate_sse = True  # type: ignore[attr-defined]
+    HttpStream.handle_protocol_error = handle_protocol_error  # type: ignore[method-assign]
+    return True

@@ -399,3 +399,57 @@ async def test_oversized_bodies_get_a_413_without_a_hang(
             assert await asyncio.to_thread(with_openai_sdk) == 413
         assert time.monotonic() - started < 15  # not a client timeout
     assert upstream.seen == []
+
+
+# -- 6. a worker that breaks off mid-stream: the stream ends with an SSE error event ----------------
+
+
+async def test_a_stream_broken_by_its_worker_ends_with_an_sse_error_event(
+    redis_proc: RedisProcess, tmp_path: Path
+) -> None:
+    from aiohttp import web
+
+    async def chat_handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        event = {
+            "id": "x",
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"content": "a"}}],
+        }
+        await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        await asyncio.sleep(0.2)
+        assert request.transport is not None
+        request.transport.abort()  # the worker dies mid-stream
+        return response
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    app = web.Application()
+    app.router.add_get("/health", lambda r: web.Response(text="ok"))  # type: ignore[arg-type, return-value]
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat_handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    gw = Gateway(redis_proc.url, config=config_file(tmp_path), workers=[f"http://127.0.0.1:{port}"],
+                 model=MODEL, log_dir=tmp_path)  # fmt: skip
+    try:
+        async with gateways(gw):
+            answer = await send(gw.url, chat(MODEL, "hi", stream=True))
+            assert answer.status == 200 and answer.error == "", answer.error  # a well-formed end
+            last = [line for line in answer.body.split(b"\n") if line.startswith(b"data: ")][-1]
+            assert json.loads(last.removeprefix(b"data: "))["error"]["code"] == "upstream_stream_broken"
+            client = aioredis.Redis.from_url(redis_proc.url)
+            await poll(lambda: _no_leases(client), 10, "the lease released")
+            await client.aclose()
+    finally:
+        await runner.cleanup()
+
+
+async def _no_leases(client: aioredis.Redis) -> bool:
+    return await client.zcard(keys.model_key(MODEL, "leases")) == 0
