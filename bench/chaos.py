@@ -12,7 +12,7 @@ Invariants, sampled every 100 ms and at the end:
 - every slot returns: no live lease in Redis one lease period after the load stops;
 - every request answered exactly once with the right kind of answer: 200, or 429/503 with
   Retry-After, or a broken stream only when its gateway or its worker was killed under it (counted
-  apart: a stream broken by a worker kill still ends without an SSE error event); never a 500;
+  apart; a stream its worker broke off ends with an SSE error event, not [DONE]); never a 500;
   a client request id never reaches workers under two lease ids (duplicated);
 - recovery after each fault: seconds from the restore until a request through every gateway is
   200, against one lease period;
@@ -184,7 +184,7 @@ class Chaos:
         if self.killed_gateway == gateway or self.kills["gateway_kill"] > kills_before.get("gateway_kill", 0):
             self.tally.broken_expected += 1
         elif self.kills["worker_kill"] > kills_before.get("worker_kill", 0):
-            self.tally.broken_by_worker_kill += 1  # no SSE error event yet (issue 10 case 6)
+            self.tally.broken_by_worker_kill += 1  # ends with an SSE error event (or cut before headers)
         else:
             self.tally.lost += 1
 
