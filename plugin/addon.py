@@ -53,11 +53,13 @@ from plugin.context import GatewayContext
 from plugin.decision_log import DecisionLog
 from plugin.dispatch import Dispatch
 from plugin.errors import (
+    install_connect_retry,
     install_json_protocol_errors,
     install_oversized_body_drain,
     install_sse_error_on_broken_stream,
     openai_error,
 )
+from plugin.flow import state_of
 from plugin.intake import Intake
 from plugin.local import LocalEndpoints
 from plugin.metrics import GatewayMetrics
@@ -203,6 +205,8 @@ class KvGate:
         opts = ctx.options
         if not install_json_protocol_errors():
             logger.warning("kvgate: mitmproxy's own error pages stay HTML in this version")
+        if not install_connect_retry(self.retarget):
+            logger.warning("kvgate: a request whose worker refuses the connection is not routed again")
         if not install_sse_error_on_broken_stream():
             logger.warning("kvgate: a stream its worker breaks off ends without an SSE error event")
         if not install_oversized_body_drain(self.config.limits.max_body_bytes):
@@ -329,6 +333,34 @@ class KvGate:
         """An acquire found `model`'s quota hash gone: write the configured one now."""
         if self.redis is not None and self.mirror is not None:
             await ensure_quotas(self.redis, self.config, self.mirror, [model], self.gateway_id)
+
+    def retarget(self, flow: http.HTTPFlow) -> bool:
+        """The flow's worker refused the connection (nothing was sent): point the flow at the routing
+        choice among the other routable workers. Its lease stays as placed (released as placed)."""
+        state = state_of(flow)
+        if state is None or state.route is None or state.parsed is None or state.caller is None:
+            return False
+        old = state.route
+        self.workers.suspect(old)
+        others = [w for w in self.workers.routable(old.model) if w.id != old.worker.id]
+        if state.prompt is None or not others:
+            return False
+        route = self.router.choose(
+            request_id=state.request_id, model=old.model, prompt=state.prompt,
+            max_tokens=state.parsed.max_tokens, band=state.caller.band, tenant=state.caller.tenant,
+            workers=others,
+        )  # fmt: skip
+        if route is None:
+            return False
+        self.router.finished(old)
+        self.router.reserve(route)
+        state.route = route
+        up = route.upstream
+        flow.request.scheme, flow.request.data.host, flow.request.port = up.scheme, up.host, up.port
+        self.metrics.retried.inc(old.model, old.worker.id)
+        logger.info("request %s: worker %s refused the connection; routed to %s",
+                    state.request_id, old.worker.id, route.worker.id)  # fmt: skip
+        return True
 
     # -- client disconnects while queued -------------------------------------------------------------
     def client_disconnected(self, client: connection.Client) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from mitmproxy import http
@@ -220,4 +221,38 @@ def install_sse_error_on_broken_stream() -> bool:
 
     handle_protocol_error.kvgate_sse = True  # type: ignore[attr-defined]
     HttpStream.handle_protocol_error = handle_protocol_error  # type: ignore[method-assign]
+    return True
+
+
+def install_connect_retry(retarget: Callable[[Any], bool], attempts: int = 2) -> bool:
+    """Route a request again when its worker refuses the connection: nothing was sent to that worker
+    and nothing to the client yet, so it is safe (vllm-router retries, Dynamo migrates). `retarget`
+    (the addon's) points the flow at another worker and returns False when there is none; at most
+    `attempts` more connections per request, then mitmproxy's 502 as before. Returns False if this
+    mitmproxy's HTTP layer differs (nothing patched)."""
+    from mitmproxy.proxy.layers.http import HttpStream
+
+    original = getattr(HttpStream, "make_server_connection", None)
+    if original is None or getattr(original, "kvgate_retry", False):
+        return original is not None
+
+    def make_server_connection(self: HttpStream) -> Any:
+        from mitmproxy.proxy.layers.http import GetHttpConnection
+
+        for _ in range(attempts):
+            connection, err = yield GetHttpConnection(
+                (self.flow.request.host, self.flow.request.port),
+                self.flow.request.scheme == "https",
+                self.flow.server_conn.via,
+                self.flow.server_conn.transport_protocol,
+            )
+            if not err:
+                self.context.server = self.flow.server_conn = connection
+                return True
+            if not retarget(self.flow):
+                break
+        return (yield from original(self))
+
+    make_server_connection.kvgate_retry = True  # type: ignore[attr-defined]
+    HttpStream.make_server_connection = make_server_connection  # type: ignore[method-assign]
     return True

@@ -125,6 +125,11 @@ class GatewayMetrics:
             "Requests turned down by a worker at its max_concurrency (two-step admission).",
             ("model", "worker"),
         )
+        self.retried = Counter(
+            "kvgate_connect_retries_total",
+            "Requests routed again because their worker refused the connection (nothing was sent).",
+            ("model", "worker"),
+        )
         self.global_queue = Gauge(
             "kvgate_global_queue_length",
             "Requests of all gateways waiting for a slot (Redis).",

@@ -453,3 +453,31 @@ async def test_a_stream_broken_by_its_worker_ends_with_an_sse_error_event(
 
 async def _no_leases(client: aioredis.Redis) -> bool:
     return await client.zcard(keys.model_key(MODEL, "leases")) == 0
+
+
+# -- 6b. a worker that refuses the connection: routed again before the first byte ------------------
+
+
+async def test_a_refused_connection_is_routed_to_another_worker(
+    redis_proc: RedisProcess, tmp_path: Path
+) -> None:
+    from store import registry
+    from store.registry import WorkerRecord
+
+    runner_a, url_a = await start_worker(MODEL, "a")
+    runner_b, url_b = await start_worker(MODEL, "b")
+    client = aioredis.Redis.from_url(redis_proc.url)
+    now = int(time.time() * 1000)
+    for wid, url in (("a", url_a), ("b", url_b)):  # the test is their agent: leases that outlive a
+        await registry.register(client, WorkerRecord(id=wid, model=MODEL, url=url), 120_000, now)
+    gw = Gateway(redis_proc.url, config=config_file(tmp_path), log_dir=tmp_path)
+    try:
+        async with gateways(gw):
+            await runner_a.cleanup()  # worker a dies; its lease is still live in the registry
+            answers = [await send(gw.url, chat(MODEL, f"question {i} " * 30)) for i in range(10)]
+            assert [a.status for a in answers] == [200] * 10, [(a.status, a.body[:200]) for a in answers]
+            assert {a.headers["x-kvgate-worker"] for a in answers} == {"b"}
+            assert "refused the connection; routed to b" in gw.output()
+    finally:
+        await client.aclose()
+        await runner_b.cleanup()
