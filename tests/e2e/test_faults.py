@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 from bench.stack import stop_process
 from runtime.tasks import spawn
 from store import keys
-from store.redis_server import stable_socket_path
+from store.redis_server import free_port, stable_socket_path
 from store.scripts import quota_key
 from tests.e2e.faults import Answer, RedisProcess, alive, children_named, send
 from tests.e2e.harness import Gateway, SseUpstream, chat, gateways, get, poll, start_worker
@@ -481,3 +481,51 @@ async def test_a_refused_connection_is_routed_to_another_worker(
     finally:
         await client.aclose()
         await runner_b.cleanup()
+
+
+# -- rediss://: a gateway on a TLS-only redis-server with a self-signed certificate ----
+
+
+async def test_a_gateway_over_rediss(upstream: SseUpstream, tmp_path: Path) -> None:
+    from tests.e2e.tls_redis import tls_redis_server
+
+    found = tls_redis_server()
+    if found is None:
+        pytest.skip("no TLS-capable redis-server: set KVGATE_TLS_REDIS_SERVER (needs apt-get otherwise)")
+    binary, env = found
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+                    "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)  # fmt: skip
+    port = free_port()
+    server = subprocess.Popen(
+        [binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--tls-cert-file", str(cert),
+         "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no",
+         "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={cert}"
+    upstream.release.set()
+    try:
+        client = aioredis.Redis.from_url(url)
+        await poll(lambda: _pings(client), 10, "the TLS redis-server")
+        plain = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0", socket_connect_timeout=1)
+        with pytest.raises(Exception):  # noqa: B017  (a plaintext client is not served)
+            await asyncio.wait_for(plain.ping(), 3)
+        await plain.aclose()
+        gw = gateway(url, upstream, tmp_path)
+        async with gateways(gw):
+            assert (await send(gw.url, chat(MODEL, "over tls"))).status == 200
+            stored = await client.hgetall(quota_key(MODEL))
+            assert stored[b"total"] == b"3"  # admission ran in the TLS Redis
+        await client.aclose()
+    finally:
+        server.kill()
+        server.wait()
+
+
+async def _pings(client: aioredis.Redis) -> bool:
+    try:
+        return bool(await client.ping())
+    except Exception:
+        return False
