@@ -29,6 +29,7 @@ from agent.scrape import WorkerLoad
 from policy.worker_auth import secret_from_env
 from runtime.tasks import cancel_and_wait, spawn
 from store import index_store, registry
+from store.connect import redis_from_url
 from store.registry import WorkerRecord
 
 logger = logging.getLogger("kvgate.agent")
@@ -269,7 +270,7 @@ AGENT = web.AppKey("agent", WorkerAgent)
 
 async def _agent_context(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
-    redis = aioredis.Redis.from_url(config.redis_url)
+    redis = redis_from_url(config.redis_url)
     session = aiohttp.ClientSession()
     agent = WorkerAgent(config, redis, session)
     app[AGENT] = agent

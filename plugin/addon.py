@@ -74,6 +74,7 @@ from plugin.static_workers import StaticWorkers
 from plugin.workers import WorkerPool
 from policy.pressure import PressureTracker
 from runtime.tasks import spawn
+from store.connect import redis_from_url
 from store.redis_server import EmbeddedRedis, stable_socket_path
 from store.slots import SlotPool
 
@@ -223,7 +224,7 @@ class KvGate:
         # redis-py's default pool raises MaxConnectionsError past 100 concurrent commands, which a
         # burst of queued requests reaches; its blocking pool costs more per command, so: a high cap
         timeout_s = self.config.gateway.redis_timeout_ms / 1000
-        self.redis = aioredis.Redis.from_url(
+        self.redis = redis_from_url(
             url, max_connections=REDIS_CONNECTIONS, socket_connect_timeout=timeout_s,
             socket_timeout=timeout_s,  # also the admission fast path's (store/resp.py); > the index XREAD
             # after a Redis restart every pooled connection is stale: a command that finds its
