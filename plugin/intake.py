@@ -9,6 +9,7 @@ OpenAI requests). A refused request never reaches admission, routing or the fall
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 
@@ -38,6 +39,8 @@ class HeaderMap(dict[str, str]):
     def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
         return dict.get(self, key.lower(), default)
 
+
+logger = logging.getLogger(__name__)
 
 CORRELATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -97,6 +100,12 @@ class Intake:
                     503, "draining", "the gateway is shutting down; retry elsewhere", retry_after_s=1
                 )
             state.caller = ctx.auth.caller(headers)
+            if state.caller.clamped:  # counted and logged: a tenant asking above its band
+                ctx.metrics.priority_clamped.inc(state.caller.tenant)
+                logger.info(
+                    "request %s: tenant %s asked above its max_band; clamped to %s",
+                    state.request_id, state.caller.tenant, state.caller.band.name.lower(),
+                )  # fmt: skip
             parsed = parse_completion(endpoint, request.content or b"", ctx.config.limits)
             state.parsed = parsed
             if not ctx.workers.known(parsed.model):

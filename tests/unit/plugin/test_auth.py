@@ -99,3 +99,12 @@ def test_api_keys_may_be_stored_hashed() -> None:
     auth = Auth(config)
     assert auth.tenant("Bearer tenant-key") == "acme"
     assert "tenant-key" not in repr(auth.tenant_of_key)  # only digests are kept in memory
+
+
+def test_a_clamped_priority_is_flagged() -> None:
+    from plugin.auth import Auth
+    from plugin.config import config_from_dict
+
+    auth = Auth(config_from_dict({"tenants": {"default": {"max_band": "normal"}}}))
+    assert auth.caller({"x-kvgate-priority": "high"}).clamped is True
+    assert auth.caller({"x-kvgate-priority": "low"}).clamped is False
