@@ -34,7 +34,7 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
 
-typecheck: venv
+typecheck: venv  # strict over policy/ store/ runtime/ plugin/ agent/ ([tool.mypy] in pyproject.toml)
 	$(BIN)/mypy
 
 test: lint typecheck

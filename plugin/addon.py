@@ -141,7 +141,7 @@ class KvGate:
     # -- hooks: the parts in order -----------------------------------------------------------------
     async def request(self, flow: http.HTTPFlow) -> None:
         if self.parts is None:  # not running (no Redis): never forward to the fallback upstream
-            flow.response = openai_error(503, "starting", "the gateway is not running yet")
+            flow.response = openai_error(503, "starting", "the gateway is not running yet", retry_after_s=1)
             return
         intake, admission, dispatch, _ = self.parts
         await intake.request(flow)

@@ -18,9 +18,8 @@ from plugin.config import LimitsSection
 from plugin.errors import GatewayError
 from plugin.streaming import Usage, meter_json_body
 from plugin.tokenize import TokenizeRequest, chat_tokenize_request, completion_tokenize_request
-from policy.prefix import chat_text, completion_text
+from policy.prefix import ROLES, chat_text, completion_text
 
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 LocalEndpoint = Literal["models", "healthz", "readyz", "metrics"]
 
 

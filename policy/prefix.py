@@ -23,7 +23,8 @@ from hashlib import blake2b
 CHARS_PER_TOKEN = 4  # rough estimate for English text; only used to weigh approximate blocks
 DEFAULT_CHUNK_CHARS = 256  # 64 tokens per approximate block
 DEFAULT_MAX_BLOCKS = 512  # 128k characters ≈ 32k tokens; later text does not change routing
-_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# the chat roles an OpenAI request may carry (the gateway refuses others: plugin/endpoints.py)
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
 def _seed(model: str) -> bytes:
@@ -70,8 +71,8 @@ def _message_text(msg: object, where: str) -> str:
     if not isinstance(msg, Mapping):
         raise ValueError(f"{where} must be an object")
     role = msg.get("role")
-    if not isinstance(role, str) or role not in _ROLES:
-        raise ValueError(f"{where}.role must be one of {sorted(_ROLES)}, not {role!r}")
+    if not isinstance(role, str) or role not in ROLES:
+        raise ValueError(f"{where}.role must be one of {sorted(ROLES)}, not {role!r}")
     head = f"<|{role}"
     name = msg.get("name")
     if name is not None:
