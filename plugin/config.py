@@ -302,7 +302,7 @@ def key_digest(key: str) -> str:
     """The sha256 hex digest an API key is compared by; `sha256:<hex>` in the config is one already."""
     if key.startswith("sha256:"):
         return key.removeprefix("sha256:").lower()
-    return hashlib.sha256(key.encode()).hexdigest()
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()  # a header's raw bytes
 
 
 def secret_value(path: str, value: str) -> str:
