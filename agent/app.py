@@ -26,8 +26,10 @@ from agent.kv_consumer import KvEventConsumer, KvEventStats
 from agent.lease import LeaseKeeper, Probe
 from agent.probe import WorkerProbe
 from agent.scrape import WorkerLoad
+from policy.worker_auth import secret_from_env
 from runtime.tasks import cancel_and_wait, spawn
 from store import index_store, registry
+from store.connect import redis_from_url
 from store.registry import WorkerRecord
 
 logger = logging.getLogger("kvgate.agent")
@@ -49,6 +51,7 @@ class WorkerAgent:
     ) -> None:
         self.config = config
         self.redis = redis
+        self.secret = secret_from_env()  # signs registrations and heartbeats (policy/worker_auth.py)
         self.session = session
         self.clock_ms = clock_ms
         self.keeper = LeaseKeeper(
@@ -126,7 +129,7 @@ class WorkerAgent:
         now = self.clock_ms()
         for model in self.models:
             self.epochs[model] = await registry.register(
-                self.redis, self._record(model), self.config.lease_ms, now
+                self.redis, self._record(model), self.config.lease_ms, now, self.secret
             )
         self.keeper.registered_now()
         self.counts["registrations"] += 1
@@ -149,6 +152,8 @@ class WorkerAgent:
                 inflight_ids=self.keeper.last_inflight,
                 lease_ms=self.config.lease_ms,
                 now_ms=self.clock_ms(),
+                url=self.config.base_url,
+                secret=self.secret,
             )
             draining = None if reply is None or draining is None else draining or reply
         self.counts["heartbeats"] += 1
@@ -183,6 +188,9 @@ class WorkerAgent:
             except (aioredis.RedisError, OSError) as e:
                 self.counts["redis_errors"] += 1
                 logger.warning("agent step failed: %s", e)
+            except registry.RegistrationRefused as e:
+                self.counts["registrations_refused"] += 1
+                logger.error("registration refused: %s (retrying next period)", e)
             except Exception:
                 # a bug: exit non-zero (a supervisor restarts the agent) and let the lease expire
                 logger.exception("agent step crashed; exiting")
@@ -262,7 +270,7 @@ AGENT = web.AppKey("agent", WorkerAgent)
 
 async def _agent_context(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
-    redis = aioredis.Redis.from_url(config.redis_url)
+    redis = redis_from_url(config.redis_url)
     session = aiohttp.ClientSession()
     agent = WorkerAgent(config, redis, session)
     app[AGENT] = agent

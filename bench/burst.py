@@ -201,11 +201,16 @@ async def send_probe(session: aiohttp.ClientSession, url: str, probe: LiveReques
         return resp.status
 
 
+def of_client(lease_id: object, client_id: str) -> bool:
+    """The gateway's lease id of the request the client sent as `x-request-id: client_id`."""
+    return isinstance(lease_id, str) and lease_id.startswith(client_id + ".")
+
+
 async def granted(pubsub: Any, rid: str) -> float:
     """When the grant message naming `rid` arrived (what the gateways' SlotPools wake on)."""
     while True:
         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-        if message is not None and rid in json.loads(message["data"]):
+        if message is not None and any(of_client(i, rid) for i in json.loads(message["data"])):
             return time.perf_counter()
 
 
@@ -241,7 +246,9 @@ async def wake_probes(stack: Stack, cfg: BurstConfig) -> tuple[list[float], list
                 start = time.perf_counter()
                 grant = spawn(granted(pubsub, rid), name=f"grant-{rid}")
                 await pool.release(freed)
-                while not any(rid in ids for ids in await inflight_ids(session, stack.worker_urls)):
+                while not any(
+                    of_client(i, rid) for ids in await inflight_ids(session, stack.worker_urls) for i in ids
+                ):
                     if time.perf_counter() - start > 10:
                         raise RuntimeError(f"{rid} never reached a worker")
                 samples.append(time.perf_counter() - start)
@@ -272,7 +279,7 @@ async def queued_s(stack: Stack, request_ids: set[str]) -> tuple[list[float], di
         records = await read_recent(redis, count=100_000)
     finally:
         await redis.aclose()
-    mine = [r for r in records if r.get("request_id") in request_ids]
+    mine = [r for r in records if r.get("client_request_id") in request_ids]
     held_by = Counter(str(r.get("held_by") or "") for r in mine)
     return [float(r["queued_ms"]) / 1000 for r in mine], dict(held_by)
 

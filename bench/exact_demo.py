@@ -41,7 +41,7 @@ def wait_routable(gateway: str, count: int, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"{gateway}/healthz", timeout=2) as resp:
+            with urllib.request.urlopen(f"{gateway}/readyz", timeout=2) as resp:
                 if json.loads(resp.read()).get("live_workers") == count:
                     return
         except OSError:

@@ -131,7 +131,7 @@ class Stack:
             args += ["--config", str(config)]
         process = self.spawn(f"gateway-{name}", kvgate_command(*args))
         url = f"http://127.0.0.1:{port}"
-        wait_http_ok(f"{url}/healthz", 60, process.proc)
+        wait_http_ok(f"{url}/readyz", 60, process.proc)
         self.gateway_urls.append(url)
         return url
 

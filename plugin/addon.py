@@ -39,6 +39,9 @@ from typing import Any
 import redis.asyncio as aioredis
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.tools.dump import DumpMaster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from plugin.admit import Admission
@@ -49,7 +52,14 @@ from plugin.config import ConfigError, GatewayConfig, load_config
 from plugin.context import GatewayContext
 from plugin.decision_log import DecisionLog
 from plugin.dispatch import Dispatch
-from plugin.errors import install_json_protocol_errors, openai_error
+from plugin.errors import (
+    install_connect_retry,
+    install_json_protocol_errors,
+    install_oversized_body_drain,
+    install_sse_error_on_broken_stream,
+    openai_error,
+)
+from plugin.flow import state_of
 from plugin.intake import Intake
 from plugin.local import LocalEndpoints
 from plugin.metrics import GatewayMetrics
@@ -64,7 +74,8 @@ from plugin.static_workers import StaticWorkers
 from plugin.workers import WorkerPool
 from policy.pressure import PressureTracker
 from runtime.tasks import spawn
-from store.redis_server import EmbeddedRedis
+from store.connect import redis_from_url
+from store.redis_server import EmbeddedRedis, stable_socket_path
 from store.slots import SlotPool
 
 logger = logging.getLogger(__name__)
@@ -97,6 +108,7 @@ class KvGate:
         self.local: LocalEndpoints | None = None
         self.parts: tuple[Intake, Admission, Dispatch, Release] | None = None  # built once running
         self._started = False
+        self._quota_task: asyncio.Task[None] | None = None
         self._profiler: cProfile.Profile | None = None
 
     def _wire(self, pool: SlotPool, releaser: Releaser) -> None:
@@ -115,7 +127,10 @@ class KvGate:
             workers=self.workers, router=self.router, hasher=self.hasher, pool=pool, releaser=releaser,
             pressure=self.pressure, decisions=self.decisions, process=self.process, local=self.local,
         )  # fmt: skip
-        dispatch = Dispatch(collect_usage=self.config.streaming.collect_usage, metrics=self.metrics)
+        dispatch = Dispatch(
+            collect_usage=self.config.streaming.collect_usage, metrics=self.metrics,
+            upstream_key=self.config.gateway.upstream_key,
+        )  # fmt: skip
         self.parts = (Intake(context), Admission(context), dispatch, Release(context))
 
     @property
@@ -156,6 +171,9 @@ class KvGate:
         )
         loader.add_option("kvgate_gateway_id", str, "", "This gateway's name (empty: hostname-pid).")
         loader.add_option(
+            "kvgate_embedded_redis_port", int, 0, "TCP port of the embedded redis-server (0: a free one)."
+        )
+        loader.add_option(
             "kvgate_workers",
             Sequence[str],
             [],
@@ -188,15 +206,37 @@ class KvGate:
         opts = ctx.options
         if not install_json_protocol_errors():
             logger.warning("kvgate: mitmproxy's own error pages stay HTML in this version")
+        if not install_connect_retry(self.retarget):
+            logger.warning("kvgate: a request whose worker refuses the connection is not routed again")
+        if not install_sse_error_on_broken_stream():
+            logger.warning("kvgate: a stream its worker breaks off ends without an SSE error event")
+        if not install_oversized_body_drain(self.config.limits.max_body_bytes):
+            logger.warning("kvgate: an oversized body without Expect: 100-continue may hang its client")
         self.gateway_id = opts.kvgate_gateway_id or f"{socket.gethostname()}-{os.getpid()}"
         url = opts.kvgate_redis_url
         if not url:
-            self.embedded = EmbeddedRedis().start()
+            # a stable address across restarts of this gateway, so its agents find the new server
+            name = opts.kvgate_gateway_id or f"port-{opts.listen_port}"
+            port = opts.kvgate_embedded_redis_port or None
+            self.embedded = EmbeddedRedis(port, unix_socket=stable_socket_path(name)).start()
             url = self.embedded.url
-            logger.info("kvgate: embedded redis-server at %s", url)
+            logger.info("kvgate: embedded redis-server at %s and %s", url, self.embedded.unix_url)
         # redis-py's default pool raises MaxConnectionsError past 100 concurrent commands, which a
         # burst of queued requests reaches; its blocking pool costs more per command, so: a high cap
-        self.redis = aioredis.Redis.from_url(url, max_connections=REDIS_CONNECTIONS)
+        timeout_s = self.config.gateway.redis_timeout_ms / 1000
+        self.redis = redis_from_url(
+            url, max_connections=REDIS_CONNECTIONS, socket_connect_timeout=timeout_s,
+            socket_timeout=timeout_s,  # also the admission fast path's (store/resp.py); > the index XREAD
+            # after a Redis restart every pooled connection is stale: a command that finds its
+            # connection closed reconnects and is sent again (the scripts are idempotent per id)
+            retry=Retry(NoBackoff(), 2), retry_on_error=[RedisConnectionError],
+        )  # fmt: skip
+        secret = self.config.gateway.worker_secret_bytes()
+        if not secret:
+            logger.warning(
+                "kvgate: no worker secret (gateway.worker_secret / KVGATE_WORKER_SECRET): anyone who can "
+                "write to Redis can register a worker (docs/SECURITY.md)"
+            )
         try:
             await asyncio.wait_for(self.redis.ping(), 5.0)
         except (RedisError, OSError, TimeoutError) as e:
@@ -206,7 +246,7 @@ class KvGate:
         config = self.config
         self.pool = SlotPool(
             self.redis, gateway_id=self.gateway_id, lease_ms=config.admission.lease_ms,
-            renew_every_ms=config.admission.renew_every_ms,
+            renew_every_ms=config.admission.renew_every_ms, on_quota_missing=self._quota_missing,
         )  # fmt: skip
         await self.pool.start()
         self.releaser = Releaser(self.pool)
@@ -224,13 +264,13 @@ class KvGate:
         if opts.kvgate_workers:
             self.static = StaticWorkers(
                 self.redis, list(opts.kvgate_workers), model=opts.kvgate_model,
-                max_concurrency=opts.kvgate_worker_max_concurrency,
+                max_concurrency=opts.kvgate_worker_max_concurrency, secret=secret,
             )  # fmt: skip
             await self.static.start()
         self.mirror = ClusterMirror(
             self.redis, refresh_ms=config.routing.refresh_ms,
             on_index_ops=self.router.apply_index_ops, on_worker_reset=self.router.reset_worker,
-            on_refresh=self._on_refresh,
+            on_refresh=self._on_refresh, secret=secret,
         )  # fmt: skip
         await self.mirror.start()
         self.workers = WorkerPool(self.mirror)
@@ -281,8 +321,47 @@ class KvGate:
         self._started = False
 
     def _on_refresh(self, models: Sequence[str]) -> None:
+        """Re-assert the configured quotas after every mirror refresh (one in flight at a time)."""
+        if self.redis is None or self.mirror is None:
+            return
+        if self._quota_task is None or self._quota_task.done():
+            self._quota_task = spawn(
+                ensure_quotas(self.redis, self.config, self.mirror, models, self.gateway_id),
+                name="kvgate-ensure-quotas",
+            )
+
+    async def _quota_missing(self, model: str) -> None:
+        """An acquire found `model`'s quota hash gone: write the configured one now."""
         if self.redis is not None and self.mirror is not None:
-            spawn(ensure_quotas(self.redis, self.config, self.mirror, models), name="kvgate-ensure-quotas")
+            await ensure_quotas(self.redis, self.config, self.mirror, [model], self.gateway_id)
+
+    def retarget(self, flow: http.HTTPFlow) -> bool:
+        """The flow's worker refused the connection (nothing was sent): point the flow at the routing
+        choice among the other routable workers. Its lease stays as placed (released as placed)."""
+        state = state_of(flow)
+        if state is None or state.route is None or state.parsed is None or state.caller is None:
+            return False
+        old = state.route
+        self.workers.suspect(old)
+        others = [w for w in self.workers.routable(old.model) if w.id != old.worker.id]
+        if state.prompt is None or not others:
+            return False
+        route = self.router.choose(
+            request_id=state.request_id, model=old.model, prompt=state.prompt,
+            max_tokens=state.parsed.max_tokens, band=state.caller.band, tenant=state.caller.tenant,
+            workers=others,
+        )  # fmt: skip
+        if route is None:
+            return False
+        self.router.finished(old)
+        self.router.reserve(route)
+        state.route = route
+        up = route.upstream
+        flow.request.scheme, flow.request.data.host, flow.request.port = up.scheme, up.host, up.port
+        self.metrics.retried.inc(old.model, old.worker.id)
+        logger.info("request %s: worker %s refused the connection; routed to %s",
+                    state.request_id, old.worker.id, route.worker.id)  # fmt: skip
+        return True
 
     # -- client disconnects while queued -------------------------------------------------------------
     def client_disconnected(self, client: connection.Client) -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from plugin.config import GatewayConfig, TenantSection
+from plugin.config import GatewayConfig, TenantSection, key_digest
 from plugin.errors import GatewayError
-from policy.types import Band
+from policy.types import Band, ascii_int
 
 DEFAULT_TENANT = TenantSection()
 
@@ -23,6 +23,7 @@ class Caller:
     band: Band
     max_wait_s: float  # 0 = do not queue
     ttft_slo_s: float | None = None  # the client's time-to-first-token SLO, if it sent one
+    clamped: bool = False  # it asked for a band above its tenant's max_band (and got that maximum)
 
 
 class Auth:
@@ -36,7 +37,7 @@ class Auth:
     def tenant(self, authorization: str | None) -> str:
         """Tenant of an Authorization header value; GatewayError 401 when auth is on and it is unknown."""
         key = bearer_token(authorization)
-        if key is not None and (tenant := self.tenant_of_key.get(key)) is not None:
+        if key is not None and (tenant := self.tenant_of_key.get(key_digest(key))) is not None:
             return tenant
         if self.config.auth.enabled:
             if key is None:
@@ -44,7 +45,7 @@ class Auth:
             raise GatewayError(401, "invalid_api_key", "unknown API key")
         return self.config.auth.default_tenant
 
-    def band(self, tenant: str, header_value: str | None) -> Band:
+    def band(self, tenant: str, header_value: str | None, *, clamp: bool = True) -> Band:
         """The band asked for (else the tenant's default), clamped to the tenant's maximum; 400 if bad."""
         section = self.tenants.get(tenant, DEFAULT_TENANT)
         if header_value is None or not header_value.strip():
@@ -54,7 +55,7 @@ class Auth:
                 asked = Band.parse(header_value)
             except ValueError as e:
                 raise GatewayError(400, "invalid_priority", f"{self.config.priority.header}: {e}") from None
-        return min(asked, Band.parse(section.max_band))
+        return min(asked, Band.parse(section.max_band)) if clamp else asked
 
     def max_wait_s(self, header_value: str | None) -> float:
         """Queue wait budget in seconds: the config default, or the header's value if lower (0 = no wait)."""
@@ -69,9 +70,12 @@ class Auth:
 
     def caller(self, headers: Mapping[str, str]) -> Caller:
         tenant = self.tenant(headers.get("authorization"))
+        asked = headers.get(self.config.priority.header)
+        band = self.band(tenant, asked)
         return Caller(
             tenant=tenant,
-            band=self.band(tenant, headers.get(self.config.priority.header)),
+            band=band,
+            clamped=band < self.band(tenant, asked, clamp=False),
             max_wait_s=self.max_wait_s(headers.get(self.config.priority.wait_header)),
             ttft_slo_s=self.ttft_slo_s(headers.get(self.config.priority.slo_header)),
         )
@@ -82,7 +86,7 @@ def header_ms(value: str | None, header: str, code: str, *, minimum: int) -> int
     if value is None or not value.strip():
         return None
     try:
-        ms = int(value.strip())
+        ms = ascii_int(value.strip())
     except ValueError:
         raise GatewayError(400, code, f"{header} must be integer milliseconds") from None
     if ms < minimum:

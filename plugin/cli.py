@@ -20,6 +20,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "sim"): ("bench.sim.cli:main", "trace-driven simulator: policies side by side"),
     ("bench", "overhead"): ("bench.overhead:main", "gateway overhead against bare mitmdump and direct"),
     ("bench", "burst"): ("bench.burst:main", "live 2x burst through two gateways sharing one Redis"),
+    ("bench", "chaos"): ("bench.chaos:main", "streaming load through 2 gateways while faults are injected"),
+    ("bench", "fuzz"): ("bench.fuzz:main", "atheris fuzzing of the request intake for a bounded time"),
 }
 
 

@@ -9,6 +9,8 @@ options declared by the addon, not settings here.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
 import tomllib
 import types
 import typing
@@ -21,6 +23,7 @@ from policy.admission import DEFAULT_MAX_SEATS, DEFAULT_TOKENS_PER_SEAT, seat_co
 from policy.config import POLICIES, RoutingConfig, load_routing_config
 from policy.config import ConfigError as PolicyConfigError
 from policy.types import Band
+from policy.worker_auth import secret_from_env
 
 PREFIX_MODES = ("approximate", "exact")
 BAND_NAMES = tuple(b.name.lower() for b in Band)
@@ -39,10 +42,35 @@ class GatewaySection:
     response_headers: bool = field(default=True, metadata={"help": "send x-kvgate-worker / -queued-ms"})
     drain_timeout_ms: int = field(default=30_000, metadata={"help": "SIGTERM: how long live streams may run"})
     upstream_scheme: str = field(default="http", metadata={"help": "scheme used when a worker URL has none"})
+    # the client's Authorization is never forwarded; workers started with an API key (vLLM --api-key)
+    # get this one instead: per worker id, else the default ("env:NAME" reads the environment)
+    upstream_api_key: str = ""
+    upstream_api_keys: dict[str, str] = field(default_factory=dict)
+    # shared secret of the worker plane (policy/worker_auth.py): only workers whose agents sign with it
+    # are routable; "" = $KVGATE_WORKER_SECRET, and with neither the worker plane is not authenticated
+    worker_secret: str = ""
+    # what Redis being unreachable means for a request: "closed", 503 + Retry-After (the only mode so
+    # far; "open", admitting a local share of the quota on the mirror, is refused until it exists)
+    redis_failure: str = "closed"
+    redis_timeout_ms: int = 2000  # a Redis reply slower than this counts as a failure
 
     def __post_init__(self) -> None:
         _at_least("gateway.drain_timeout_ms", self.drain_timeout_ms, 0)
         _one_of("gateway.upstream_scheme", self.upstream_scheme, ("http", "https"))
+        _one_of("gateway.redis_failure", self.redis_failure, ("closed",))
+        _at_least("gateway.redis_timeout_ms", self.redis_timeout_ms, 1500)  # the index tail blocks 1 s
+        secret_value("gateway.worker_secret", self.worker_secret)
+        secret_value("gateway.upstream_api_key", self.upstream_api_key)
+        for worker, key in self.upstream_api_keys.items():
+            secret_value(f"gateway.upstream_api_keys.{worker}", key)
+
+    def worker_secret_bytes(self) -> bytes:
+        """The worker-plane secret: this section's, else $KVGATE_WORKER_SECRET (b"" = none)."""
+        return secret_value("gateway.worker_secret", self.worker_secret).encode() or secret_from_env()
+
+    def upstream_key(self, worker_id: str) -> str:
+        """The API key sent to `worker_id` ("" = none)."""
+        return secret_value("", self.upstream_api_keys.get(worker_id, self.upstream_api_key))
 
 
 @dataclass(frozen=True)
@@ -253,16 +281,41 @@ class GatewayConfig:
             for i, key in enumerate(tenant.api_keys):
                 if not key:
                     raise ConfigError(f"tenants.{name}.api_keys[{i}]", key, "must not be empty")
-                if key in seen:
-                    raise ConfigError(f"tenants.{name}.api_keys[{i}]", "***", f"already used by {seen[key]}")
-                seen[key] = name
+                digest = key_digest(key)
+                if digest in seen:
+                    raise ConfigError(
+                        f"tenants.{name}.api_keys[{i}]", "***", f"already used by {seen[digest]}"
+                    )
+                seen[digest] = name
 
     def prefix_modes(self) -> dict[str, str]:
         """Models whose prefix mode differs from routing.prefix_mode (the others use that)."""
         return {name: m.prefix_mode for name, m in self.models.items() if m.prefix_mode}
 
     def key_to_tenant(self) -> dict[str, str]:
-        return {key: name for name, t in self.tenants.items() for key in t.api_keys}
+        """sha256 hex digest of each API key -> its tenant: keys live in memory hashed only; in the file
+        a key may be given as `sha256:<hex>` so it is hashed at rest too."""
+        return {key_digest(key): name for name, t in self.tenants.items() for key in t.api_keys}
+
+
+def key_digest(key: str) -> str:
+    """The sha256 hex digest an API key is compared by; `sha256:<hex>` in the config is one already."""
+    if key.startswith("sha256:"):
+        return key.removeprefix("sha256:").lower()
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()  # a header's raw bytes
+
+
+def secret_value(path: str, value: str) -> str:
+    """A secret as configured: "env:NAME" reads $NAME (ConfigError if unset), else the text itself."""
+    if not value.startswith("env:"):
+        if any(c in value for c in "\r\n\0"):
+            raise ConfigError(path, "***", "may not contain CR, LF or NUL")
+        return value
+    name = value.removeprefix("env:")
+    found = os.environ.get(name)
+    if found is None:
+        raise ConfigError(path, value, f"environment variable {name} is not set")
+    return found
 
 
 def load_config(path: str | Path | None) -> GatewayConfig:

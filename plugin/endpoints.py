@@ -20,7 +20,7 @@ from plugin.streaming import Usage, meter_json_body
 from plugin.tokenize import TokenizeRequest, chat_tokenize_request, completion_tokenize_request
 from policy.prefix import ROLES, chat_text, completion_text
 
-LocalEndpoint = Literal["models", "healthz", "metrics"]
+LocalEndpoint = Literal["models", "healthz", "readyz", "metrics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +127,7 @@ ROUTES: dict[str, tuple[Endpoint | LocalEndpoint, str]] = {
     **{e.path: (e, "POST") for e in ENDPOINTS.values()},
     "/v1/models": ("models", "GET"),
     "/healthz": ("healthz", "GET"),
+    "/readyz": ("readyz", "GET"),
     "/metrics": ("metrics", "GET"),
 }
 

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from mitmproxy import http
+from redis.exceptions import RedisError
 
 from plugin.errors import openai_error
+from store.slots import LeaseLost
 
 if TYPE_CHECKING:
     from plugin.auth import Caller
@@ -80,8 +82,9 @@ NOT_HELD: dict[str, object] = {"held_by": None, "reroutes": 0, "worker_full": 0}
 class FlowState:
     """One completion request on its way through the gateway."""
 
-    request_id: str
+    request_id: str  # the gateway's own lease id (plugin/intake.py lease_id), never the client's header
     received_at: float  # time.monotonic() when the request hook saw it
+    client_request_id: str = ""  # the client's validated x-request-id (a correlation field only)
     parsed: ParsedRequest | None = None
     caller: Caller | None = None
     prompt: Prompt | None = None  # set by intake with the caller and the body
@@ -141,18 +144,45 @@ A = TypeVar("A")
 def fail_closed(
     hook: Callable[[A, http.HTTPFlow], Awaitable[None]],
 ) -> Callable[[A, http.HTTPFlow], Awaitable[None]]:
-    """mitmproxy swallows hook errors and lets the flow go on to the fallback upstream; answer 500 instead."""
+    """mitmproxy swallows hook errors and lets the flow go on to the fallback upstream; answer instead:
+    Redis unreachable or too slow (gateway.redis_failure = "closed") and a lease lost meanwhile are
+    503 with Retry-After, which a client may retry; anything else is a bug: 500."""
 
     @functools.wraps(hook)
     async def wrapper(self: A, flow: http.HTTPFlow) -> None:
         try:
             await hook(self, flow)
+        except (RedisError, OSError) as e:  # (TimeoutError is an OSError)
+            _log_redis_failure(hook.__qualname__, e)
+            if flow.live and flow.response is None and flow.error is None:
+                flow.response = openai_error(
+                    503, "redis_unavailable", "the admission store is unreachable; retry shortly",
+                    retry_after_s=1,
+                )  # fmt: skip
+        except LeaseLost as e:
+            logger.warning("%s: %s", hook.__qualname__, e)
+            if flow.live and flow.response is None and flow.error is None:
+                flow.response = openai_error(
+                    503, "lease_lost", "the request's admission lease expired before it was placed; retry",
+                    retry_after_s=1,
+                )  # fmt: skip
         except Exception:
             logger.exception("%s failed", hook.__qualname__)
             if flow.live and flow.response is None and flow.error is None:
                 flow.response = openai_error(500, "gateway_error", "internal gateway error")
 
     return wrapper
+
+
+_redis_failures_logged = {"at": 0.0}
+
+
+def _log_redis_failure(where: str, error: BaseException) -> None:
+    """One warning per second at most: an outage is not thousands of tracebacks."""
+    now = time.monotonic()
+    if now - _redis_failures_logged["at"] >= 1.0:
+        _redis_failures_logged["at"] = now
+        logger.warning("%s: Redis unreachable (answering 503): %s: %s", where, type(error).__name__, error)
 
 
 def put_headers(headers: http.Headers, pairs: Sequence[tuple[str, str]]) -> None:

@@ -9,7 +9,9 @@ OpenAI requests). A refused request never reaches admission, routing or the fall
 
 from __future__ import annotations
 
-import uuid
+import logging
+import re
+import secrets
 
 from mitmproxy import http
 
@@ -38,6 +40,32 @@ class HeaderMap(dict[str, str]):
         return dict.get(self, key.lower(), default)
 
 
+logger = logging.getLogger(__name__)
+
+CORRELATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def correlation_id(value: str | None) -> str:
+    """The client's `x-request-id`, validated: 1-128 characters of [A-Za-z0-9._:-] ("" when absent).
+    It is only a correlation field (decision records, logs, the lease id's prefix); 400 otherwise,
+    so a header with CR, NUL, non-ASCII or 100 KB of text is neither forwarded nor echoed."""
+    if value is None or value == "":
+        return ""
+    if CORRELATION_ID.fullmatch(value) is None:
+        raise GatewayError(
+            400, "invalid_request_id",
+            "x-request-id must be 1-128 characters of letters, digits, '.', '_', ':' or '-'",
+        )  # fmt: skip
+    return value
+
+
+def lease_id(correlation: str) -> str:
+    """A lease id of the gateway's own: 64 random bits, after the client's correlation id if any, so
+    a client reusing an `x-request-id` never shares or takes over another request's lease."""
+    token = secrets.token_hex(8)
+    return f"{correlation}.{token}" if correlation else token
+
+
 class Intake:
     """Request-path part: parse, authenticate and validate; serve the local endpoints."""
 
@@ -61,14 +89,23 @@ class Intake:
             flow.response = await ctx.local.serve(endpoint)
             return
         headers = HeaderMap.of(request.headers)
-        state = FlowState(request_id=headers.get("x-request-id") or uuid.uuid4().hex, received_at=now_s())
+        state = FlowState(request_id=lease_id(""), received_at=now_s())
         flow.metadata[STATE] = state
         try:
+            state.client_request_id = correlation_id(headers.get("x-request-id"))
+            if state.client_request_id:
+                state.request_id = lease_id(state.client_request_id)
             if ctx.process.draining:
                 raise GatewayError(
                     503, "draining", "the gateway is shutting down; retry elsewhere", retry_after_s=1
                 )
             state.caller = ctx.auth.caller(headers)
+            if state.caller.clamped:  # counted and logged: a tenant asking above its band
+                ctx.metrics.priority_clamped.inc(state.caller.tenant)
+                logger.info(
+                    "request %s: tenant %s asked above its max_band; clamped to %s",
+                    state.request_id, state.caller.tenant, state.caller.band.name.lower(),
+                )  # fmt: skip
             parsed = parse_completion(endpoint, request.content or b"", ctx.config.limits)
             state.parsed = parsed
             if not ctx.workers.known(parsed.model):

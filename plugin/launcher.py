@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--listen-host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--listen-port", type=int, default=8080, help="port to listen on (default 8080)")
     parser.add_argument("--redis", default="", help="Redis URL shared by gateways (default: embedded redis)")
+    parser.add_argument(
+        "--embedded-redis-port", type=int, default=0,
+        help="TCP port of the embedded redis-server (default: a free one; it also listens on a unix "
+        "socket at a path stable across restarts, logged at start)",
+    )  # fmt: skip
     parser.add_argument("--worker", action="append", default=[], help="static worker URL (repeatable)")
     parser.add_argument("--model", default="", help="model of the static workers (default: their /v1/models)")
     parser.add_argument(
@@ -90,6 +95,7 @@ def mitmdump_args(args: argparse.Namespace, confdir: str) -> list[str]:
         "kvgate_config": args.config,
         "kvgate_redis_url": args.redis,
         "kvgate_gateway_id": args.gateway_id,
+        "kvgate_embedded_redis_port": str(args.embedded_redis_port),
         "kvgate_model": args.model,
         "kvgate_worker_max_concurrency": str(args.worker_max_concurrency),
     }

@@ -1,4 +1,9 @@
-"""The gateway's own endpoints: /v1/models, /healthz and /metrics (rendered at scrape time)."""
+"""The gateway's own endpoints: /v1/models, /healthz, /readyz and /metrics (rendered at scrape time).
+
+Liveness and readiness are separate: /healthz is 200 while the process serves requests at all (a
+Redis outage or an empty worker pool is no reason to restart a gateway: restarting every pod at
+once on a Redis blip helps nobody); /readyz is 200 only while Redis answers, a worker is routable
+and the gateway is not draining (a load balancer sends it no traffic otherwise)."""
 
 from __future__ import annotations
 
@@ -44,12 +49,21 @@ class LocalEndpoints:
             data = [{"id": m, "object": "model", "owned_by": "kvgate", "created": 0} for m in served]
             return json_response(200, {"object": "list", "data": data})
         if endpoint == "healthz":
+            return self.liveness()
+        if endpoint == "readyz":
             return await self.health()
         return http.Response.make(
             200, (await self.render_metrics()).encode(), {"content-type": "text/plain; version=0.0.4"}
         )
 
+    def liveness(self) -> http.Response:
+        """200 while this process answers; what readiness would say is in the body, for people."""
+        body = {"status": "alive", "gateway": self.gateway_id, "draining": self.process.draining,
+                "registry_reads_ok": bool(self.mirror and self.mirror.last_refresh_ok)}  # fmt: skip
+        return json_response(200, body)
+
     async def health(self) -> http.Response:
+        """Readiness: Redis answers PING, a worker is routable, not draining."""
         redis_ok = False
         if self.redis is not None:
             with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):

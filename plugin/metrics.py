@@ -125,6 +125,16 @@ class GatewayMetrics:
             "Requests turned down by a worker at its max_concurrency (two-step admission).",
             ("model", "worker"),
         )
+        self.priority_clamped = Counter(
+            "kvgate_priority_clamped_total",
+            "Requests that asked for a band above their tenant's max_band (clamped to it).",
+            ("tenant",),
+        )
+        self.retried = Counter(
+            "kvgate_connect_retries_total",
+            "Requests routed again because their worker refused the connection (nothing was sent).",
+            ("model", "worker"),
+        )
         self.global_queue = Gauge(
             "kvgate_global_queue_length",
             "Requests of all gateways waiting for a slot (Redis).",

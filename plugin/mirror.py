@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from policy.worker_auth import verify_worker
 from runtime.tasks import cancel_and_wait, spawn
 from store import index_store, reconnect, registry
 from store.registry import WorkerRecord
@@ -29,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 IndexOpsCallback = Callable[[str, Sequence[index_store.IndexOp]], None]
 WorkerResetCallback = Callable[[str, str], None]
+
+
+RECOVERY_GRACE_MS = 3000  # after a registry outage: leases that lapsed during it still count this long
 
 
 def wall_ms() -> int:
@@ -48,8 +52,13 @@ class ClusterMirror:
         tail_index: bool = True,
         tail_block_ms: int = 1000,
         on_refresh: Callable[[Sequence[str]], None] | None = None,
+        secret: bytes = b"",
+        signature_max_age_ms: int = 60_000,
     ) -> None:
         self.on_refresh = on_refresh
+        self.secret = secret  # with one, only signed workers are mirrored (policy/worker_auth.py)
+        self.signature_max_age_ms = signature_max_age_ms
+        self.refused: dict[tuple[str, str], str] = {}  # (model, worker id) -> why it is not routable
         self.redis = redis
         self.refresh_ms = refresh_ms
         self.on_index_ops = on_index_ops
@@ -61,6 +70,8 @@ class ClusterMirror:
         self._tails: dict[str, asyncio.Task[None]] = {}
         self._refresher: asyncio.Task[None] | None = None
         self.last_refresh_ok = False
+        self.last_ok_ms = 0  # wall time of the last successful refresh
+        self.outage_start_ms = self.recovered_ms = 0  # the last gap between successful refreshes
         self.refreshed = asyncio.Event()
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -83,12 +94,25 @@ class ClusterMirror:
 
     def routable(self, model: str, now_ms: int | None = None) -> list[WorkerRecord]:
         """Workers of `model` whose lease is valid now and that are not draining."""
-        now = wall_ms() if now_ms is None else now_ms
+        now = self.lease_clock(now_ms)
         return [w for w in self._workers.get(model, ()) if w.lease_expiry_ms > now and not w.draining]
+
+    def lease_clock(self, now_ms: int | None = None) -> int:
+        """The time worker leases are judged at: now while the registry reads succeed; while they fail
+        (Redis down or paused), the time of the last good read plus two refresh periods: leases this
+        gateway could not read are not taken for expired, so a Redis pause is not a fleet-wide death
+        (a worker that really died meanwhile refuses connections and is skipped as a suspect)."""
+        wall = wall_ms()
+        now = wall if now_ms is None else now_ms
+        if self.last_ok_ms and wall - self.last_ok_ms > 2 * self.refresh_ms:
+            return min(now, self.last_ok_ms + 2 * self.refresh_ms)
+        if wall < self.recovered_ms + RECOVERY_GRACE_MS:  # agents are renewing what the outage let lapse
+            return min(now, self.outage_start_ms + 2 * self.refresh_ms)
+        return now
 
     def served_models(self, now_ms: int | None = None) -> list[str]:
         """Union of the models served by routable workers (GET /v1/models)."""
-        now = wall_ms() if now_ms is None else now_ms
+        now = self.lease_clock(now_ms)
         return sorted(
             {m for ws in self._workers.values() for w in ws if w.lease_expiry_ms > now and not w.draining
              for m in w.models}
@@ -101,10 +125,14 @@ class ClusterMirror:
         models = await registry.list_models(self.redis)
         fresh: dict[str, list[WorkerRecord]] = {}
         for model in models:
-            fresh[model] = await registry.read_workers(self.redis, model, now)
+            records = await registry.read_workers(self.redis, model, now)
+            fresh[model] = [r for r in records if self._signed(r, now)] if self.secret else records
         self._detect_resets(fresh)
         self._workers = fresh
         self.last_refresh_ok = True
+        if self.last_ok_ms and now - self.last_ok_ms > 2 * self.refresh_ms:
+            self.outage_start_ms, self.recovered_ms = self.last_ok_ms, now
+        self.last_ok_ms = now
         self.refreshed.set()
         if self.on_refresh is not None:
             self.on_refresh(models)
@@ -112,6 +140,26 @@ class ClusterMirror:
             for model in models:
                 if model not in self._tails:
                     self._tails[model] = spawn(self._tail_loop(model), name=f"kvgate-index-tail-{model}")
+
+    def _signed(self, record: WorkerRecord, now_ms: int) -> bool:
+        """Whether `record` is signed with the worker secret and fresh; a refusal is logged once."""
+        fields = {
+            "url": record.url, "max_concurrency": str(record.max_concurrency),
+            "joined_ms": str(record.joined_ms), "updated_ms": str(record.updated_ms), **record.extra,
+        }  # fmt: skip
+        why = verify_worker(
+            self.secret, record.model, record.id, fields, now_ms=now_ms, max_age_ms=self.signature_max_age_ms
+        )
+        key = (record.model, record.id)
+        if why and self.refused.get(key) != why:
+            logger.warning(
+                "worker %s (%s) of %s is not routable: %s", record.id, record.url, record.model, why
+            )
+        if why:
+            self.refused[key] = why
+        else:
+            self.refused.pop(key, None)
+        return not why
 
     def _detect_resets(self, fresh: dict[str, list[WorkerRecord]]) -> None:
         seen: set[tuple[str, str]] = set()

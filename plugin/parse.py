@@ -39,6 +39,15 @@ def parse_completion(endpoint: Endpoint, raw: bytes, limits: LimitsSection) -> P
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise GatewayError(400, "invalid_json", f"body is not valid JSON: {e}") from None
+    except RecursionError:
+        body = None
+        deep = True
+    else:  # anything past MAX_DEPTH would recurse too deeply later (hashing, re-encoding)
+        deep = raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and too_deep(body)
+    if deep:
+        raise GatewayError(
+            400, "invalid_json", f"body nests arrays and objects deeper than {MAX_DEPTH} levels"
+        )
     if not isinstance(body, dict):
         raise GatewayError(400, "invalid_body", "body must be a JSON object")
     model = body.get("model")
@@ -61,6 +70,23 @@ def parse_completion(endpoint: Endpoint, raw: bytes, limits: LimitsSection) -> P
         raise GatewayError(400, "invalid_type", "'stream_options' must be an object", param="stream_options")
     include_usage = bool(options and options.get("include_usage") is True)
     return ParsedRequest(endpoint, model, stream, max_tokens, include_usage, body)
+
+
+MAX_DEPTH = 64  # of JSON arrays and objects: far above any OpenAI request, far below the recursion limit
+
+
+def too_deep(value: object, limit: int = MAX_DEPTH) -> bool:
+    """Whether a decoded JSON value nests arrays/objects deeper than `limit` (iterative: no recursion)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
 
 
 def _max_tokens(body: dict[str, Any], limits: LimitsSection) -> int:

@@ -1,17 +1,23 @@
-"""Model quotas from the gateway config, written to Redis where the admission scripts read them.
+"""Model quotas from the gateway config, re-asserted in Redis where the admission scripts read them.
 
 A model's limit is `[models."<m>"].total` if set, else `admission.default_total`, else derived from
 its workers (count × their reported max_concurrency) once they report it; with none of these the
-model has no quota (unlimited). With `band_shares` the total is split into nominal band seats
-(policy.admission.default_quota, as in the simulator's kvgate gate); without, bands share the total
-in the queues' priority order. This
-process writes a quota only when the value it would write changes, so an operator's run-time change
-in Redis stands until the config or the worker pool changes (docs/ADMISSION.md: `kvg:{m}:quota`).
+model is explicitly unlimited (a hash without `total`). With `band_shares` the total is split into
+nominal band seats (policy.admission.default_quota, as in the simulator's kvgate gate); without,
+bands share the total in the queues' priority order.
+
+Every gateway re-asserts the configured quota on every mirror refresh and at once when an acquire
+finds the hash missing (plugin/lua/quota.lua, one round trip per model): a hash lost with a Redis
+restart is written again within a refresh period, and until then the scripts refuse rather than
+admit without limits. The hash carries a version and an origin; an operator's run-time `HSET` of a
+limit is detected (the limits no longer match the digest the gateways wrote) and kept by every
+gateway, restarted or not, until the operator deletes the hash (docs/ADMISSION.md: `kvg:{m}:quota`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 from collections.abc import Sequence
 
@@ -21,11 +27,17 @@ from redis.exceptions import RedisError
 from plugin.config import GatewayConfig, ModelSection
 from plugin.mirror import ClusterMirror, wall_ms
 from policy.admission import Quota, default_quota
+from store.scripting import load
+from store.scripts import quota_key
 from store.slots import set_quota
 
 logger = logging.getLogger(__name__)
 
-_written: dict[tuple[int, str], Quota] = {}  # (id of the redis client, model) -> what this process wrote
+QUOTA_LUA = load("quota.lua")
+ASSERT_OUTCOMES = {
+    0: "unchanged", 1: "written (was missing)", 2: "replaced (config changed)", 3: "kept (run-time change)",
+}  # fmt: skip
+_last_outcome: dict[tuple[int, str], int] = {}  # (id of the redis client, model) -> last outcome logged
 
 
 def desired_quota(config: GatewayConfig, model: str, concurrencies: Sequence[int]) -> Quota | None:
@@ -48,22 +60,52 @@ def desired_quota(config: GatewayConfig, model: str, concurrencies: Sequence[int
 
 
 async def write_quota(redis: aioredis.Redis, model: str, quota: Quota) -> None:
+    """An operator's run-time quota (origin=operator: the gateways keep it)."""
     await set_quota(redis, model, quota)
 
 
-async def ensure_quotas(
-    redis: aioredis.Redis, config: GatewayConfig, mirror: ClusterMirror, models: Sequence[str]
-) -> None:
+def limits_digest(fields: dict[str, str]) -> str:
+    """sha1 of the sorted `field=value` lines, as quota.lua computes it over a stored hash."""
+    return hashlib.sha1("\n".join(sorted(f"{k}={v}" for k, v in fields.items())).encode()).hexdigest()
+
+
+async def assert_quota(redis: aioredis.Redis, model: str, quota: Quota, gateway_id: str) -> int:
+    """Write `quota` as the configured one unless it is there already or a run-time change stands;
+    returns quota.lua's outcome code (ASSERT_OUTCOMES)."""
+    fields = quota.to_hash()
+    flat = [x for pair in sorted(fields.items()) for x in pair]
+    code, _version = await QUOTA_LUA(redis, [quota_key(model)], [limits_digest(fields), gateway_id, *flat])
+    return int(code)
+
+
+def configured_quota(config: GatewayConfig, mirror: ClusterMirror, model: str) -> Quota:
+    """The quota this gateway asserts for `model`; explicitly unlimited (no total) when none applies."""
     now = wall_ms()
+    live = [w for w in mirror.workers(model) if w.lease_expiry_ms > now]
+    return desired_quota(config, model, [w.max_concurrency for w in live]) or Quota(count_seats=False)
+
+
+async def ensure_quotas(
+    redis: aioredis.Redis,
+    config: GatewayConfig,
+    mirror: ClusterMirror,
+    models: Sequence[str],
+    gateway_id: str = "",
+) -> None:
+    """Re-assert every model's configured quota (one round trip per model); errors are logged."""
     for model in sorted({*models, *config.models}):
-        live = [w for w in mirror.workers(model) if w.lease_expiry_ms > now]
-        quota = desired_quota(config, model, [w.max_concurrency for w in live])
-        if quota is None or _written.get((id(redis), model)) == quota:
-            continue
+        quota = configured_quota(config, mirror, model)
         try:
-            await write_quota(redis, model, quota)
+            code = await assert_quota(redis, model, quota, gateway_id)
         except (RedisError, OSError) as e:
-            logger.warning("quota of %s not written: %s", model, e)
+            logger.warning("quota of %s not asserted: %s", model, e)
             continue
-        _written[(id(redis), model)] = quota
-        logger.info("kvgate: quota of %s: total %s, bands %s", model, quota.total, quota.band or "-")
+        key = (id(redis), model)
+        if code == 1:  # every time: a lost quota is an incident
+            logger.warning(
+                "kvgate: quota of %s was missing in Redis (restarted or deleted); written again: total %s",
+                model, quota.total,
+            )  # fmt: skip
+        elif code != 0 and _last_outcome.get(key) != code:
+            logger.info("kvgate: quota of %s %s: total %s", model, ASSERT_OUTCOMES[code], quota.total)
+        _last_outcome[key] = code

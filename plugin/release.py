@@ -106,6 +106,7 @@ class Release:
             usage = None
         record: dict[str, Any] = {
             "request_id": state.request_id,
+            "client_request_id": state.client_request_id,
             "gateway": ctx.gateway_id,
             "model": model,
             "tenant": state.caller.tenant if state.caller else "",

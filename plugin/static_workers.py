@@ -44,8 +44,10 @@ class StaticWorkers:
         lease_periods: int = 4,
         health_timeout_s: float = 2.0,
         slow_grace_s: float = 30.0,
+        secret: bytes = b"",
     ) -> None:
         self.redis = redis
+        self.secret = secret
         self.urls = [u if "://" in u else f"http://{u}" for u in urls]
         self.model = model
         self.max_concurrency = max_concurrency
@@ -99,7 +101,7 @@ class StaticWorkers:
             for model in models:
                 renewed = await registry.heartbeat(
                     self.redis, model, worker_id, running=0, waiting=0, kv_usage=0.0,
-                    lease_ms=self.lease_ms, now_ms=now,
+                    lease_ms=self.lease_ms, now_ms=now, url=url, secret=self.secret,
                 )  # fmt: skip
                 if renewed is None:
                     record = WorkerRecord(
@@ -109,9 +111,9 @@ class StaticWorkers:
                         models=models,
                         max_concurrency=self.max_concurrency,
                     )
-                    await registry.register(self.redis, record, self.lease_ms, now)
+                    await registry.register(self.redis, record, self.lease_ms, now, self.secret)
                     logger.info("kvgate: registered static worker %s (%s) for %s", worker_id, url, model)
-        except (RedisError, OSError) as e:
+        except (RedisError, OSError, registry.RegistrationRefused) as e:
             logger.warning("static worker %s: registry update failed: %s", url, e)
 
     async def _healthy(self, url: str) -> bool | None:

@@ -64,6 +64,7 @@ class AdmitCode(IntEnum):
     NO_SEAT = -1  # nothing free and the request would not wait
     QUEUE_FULL = -2
     WORKER_FULL = -3  # two-step admission: the chosen worker has no room; nothing taken or queued
+    QUOTA_MISSING = -4  # the model's quota hash is gone (Redis restarted): refused, never unlimited
 
 
 class ClaimCode(IntEnum):
@@ -464,8 +465,8 @@ class AdmissionState:
         return ReleaseResult(code, self._pump(now_ms))
 
     def renew(self, now_ms: int, rids: list[str], lease_ms: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """Extend leases; returns (lost ids, granted ids)."""
-        self._reap(now_ms)
+        """Extend leases, before reaping: a lease past its expiry that no call has reaped yet (its seats
+        were never given away, e.g. after a Redis pause) is its holder's again. Returns (lost, granted)."""
         lost = []
         for rid in rids:
             if (lease := self.leases.get(rid)) is not None:
@@ -473,6 +474,7 @@ class AdmissionState:
                 heapq.heappush(self._lease_expiry, (lease.expiry_ms, rid))
             else:
                 lost.append(rid)
+        self._reap(now_ms)
         return tuple(lost), self._pump(now_ms)
 
     def check(self, now_ms: int, rid: str) -> CheckResult:

@@ -30,9 +30,18 @@ class Band(IntEnum):
         except KeyError:
             pass
         try:
-            return cls.parse(int(text))
+            return cls.parse(ascii_int(text))
         except ValueError:
             raise ValueError(f"priority must be high, normal, low or an integer, not {value!r}") from None
+
+
+def ascii_int(text: str, max_digits: int = 18) -> int:
+    """An integer written in ASCII digits with an optional leading '-' (what a header should carry):
+    unlike int(), no '+', no '_', no whitespace inside and no other scripts' digits ('١'); ValueError."""
+    digits = text[1:] if text.startswith("-") else text
+    if not digits or len(digits) > max_digits or not digits.isascii() or not digits.isdigit():
+        raise ValueError(f"not an integer: {text!r}")
+    return int(text)
 
 
 @dataclass(frozen=True, slots=True)

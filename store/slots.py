@@ -18,17 +18,24 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
-from policy.admission import AdmitCode, CheckStatus, ClaimCode, Quota, estimated_wait_s
+from policy.admission import AdmitCode, AdmitResult, CheckStatus, ClaimCode, Quota, estimated_wait_s
 from policy.types import Band
 from runtime.tasks import cancel_and_wait, spawn
 from store import reconnect
-from store.scripts import GRANTED_CHANNEL, AdmissionScripts, model_keys, quota_key, register_scripts
+from store.scripts import (
+    GRANTED_CHANNEL,
+    AdmissionScripts,
+    model_keys,
+    quota_key,
+    register_scripts,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +96,14 @@ class SloUnreachable(AdmissionRejected):
     reason = "slo_unreachable"
 
 
+class QuotaMissing(AdmissionRejected):
+    """The model has no quota hash in Redis (restarted, or the key was deleted): refused, never admitted
+    without limits, until a gateway writes the configured quota again."""
+
+    status = 503
+    reason = "quota_missing"
+
+
 class LeaseLost(Exception):
     """A lease expired in Redis (not renewed in time): its seats are no longer held."""
 
@@ -100,10 +115,13 @@ class WaitBudgetExceeded(AdmissionRejected):
 
 
 async def set_quota(redis: aioredis.Redis, model: str, quota: Quota) -> None:
-    """Replace the model's limits at run time; every gateway's next script call uses them."""
+    """Replace the model's limits at run time; every gateway's next script call uses them, and no
+    gateway's re-assertion of its configured quota overwrites them (origin=operator, plugin/quotas.py)."""
+    now_s, now_us = await redis.time()
+    meta = {"origin": "operator", "v": str(now_s * 1000 + now_us // 1000)}
     async with redis.pipeline(transaction=True) as pipe:
         pipe.delete(quota_key(model))
-        pipe.hset(quota_key(model), mapping=quota.to_hash())  # type: ignore[arg-type]
+        pipe.hset(quota_key(model), mapping=dict(quota.to_hash()) | meta)  # type: ignore[arg-type]
         await pipe.execute()
     logger.info("admission quota for model %s set to %s", model, quota.to_hash())
 
@@ -151,6 +169,7 @@ class SlotPool:
         renew_every_ms: int = 2_000,
         recheck_every_s: float = 1.0,
         channel: str = GRANTED_CHANNEL,
+        on_quota_missing: Callable[[str], Awaitable[object]] | None = None,
     ) -> None:
         if renew_every_ms >= lease_ms:
             raise ValueError(f"renew_every_ms ({renew_every_ms}) must be shorter than lease_ms ({lease_ms})")
@@ -167,6 +186,8 @@ class SlotPool:
         self._pubsub: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self.leases_lost = 0  # leases that expired before renewal (a stalled loop or Redis outage)
+        self.leases_reclaimed = 0  # of those, taken back for their running request (seats were free)
+        self.on_quota_missing = on_quota_missing  # writes the model's quota again (plugin/quotas.py)
 
     async def start(self) -> None:
         self._pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
@@ -222,16 +243,21 @@ class SlotPool:
         self._waiters[rid] = granted
         settled = False  # True once Redis holds neither a lease we do not know of nor a queue entry
         try:
-            reply = await self.scripts.acquire(
-                ticket.model, rid, ticket.band, ticket.tenant, ticket.seats, self.lease_ms,
-                int(ticket.max_wait_s * 1000), self.gateway_id, worker=worker,
-            )  # fmt: skip
+            reply = await self._acquire_once(ticket, worker)
+            if reply.code == AdmitCode.QUOTA_MISSING and self.on_quota_missing is not None:
+                await self.on_quota_missing(ticket.model)  # written again: one more try
+                reply = await self._acquire_once(ticket, worker)
             est = estimated_wait_s(reply.ahead, reply.capacity, reply.hold_ms / 1000)
             if reply.code in (AdmitCode.ADMITTED, AdmitCode.ALREADY_HELD):
                 settled = True
                 placed = worker if reply.code == AdmitCode.ADMITTED else None
                 return self._hold(ticket, reply.seats or ticket.seats, start, placed)
-            if reply.code in (AdmitCode.QUEUE_FULL, AdmitCode.NO_SEAT, AdmitCode.WORKER_FULL):
+            if reply.code in (
+                AdmitCode.QUEUE_FULL,
+                AdmitCode.NO_SEAT,
+                AdmitCode.WORKER_FULL,
+                AdmitCode.QUOTA_MISSING,
+            ):
                 settled = True
                 raise _rejection(ticket, reply.code, est)
             if on_queued is not None:
@@ -239,12 +265,24 @@ class SlotPool:
             lease = await self._wait(ticket, granted, reply.seats, start, est)
             settled = True
             return lease
+        except (RedisError, OSError):
+            # Redis unreachable or too slow: answer now; leaving is tried in the background (and
+            # whatever Redis may hold for this id expires on its own)
+            settled = True
+            spawn(self._leave(ticket.model, rid), name="slots-leave-late")
+            raise
         finally:
             self._waiters.pop(rid, None)
             if not settled:
                 # cancelled, out of budget or failed while queued (or admitted without our knowing):
                 # leave the queue / release a raced grant, even while this task is being cancelled
                 await _shielded(self._leave(ticket.model, rid))
+
+    async def _acquire_once(self, ticket: Ticket, worker: str | None) -> AdmitResult:
+        return await self.scripts.acquire(
+            ticket.model, ticket.request_id, ticket.band, ticket.tenant, ticket.seats, self.lease_ms,
+            int(ticket.max_wait_s * 1000), self.gateway_id, worker=worker,
+        )  # fmt: skip
 
     async def _wait(
         self, ticket: Ticket, granted: asyncio.Future[None], seats: int, start: float, est: float
@@ -335,7 +373,11 @@ class SlotPool:
         return True
 
     async def _leave(self, model: str, rid: str) -> None:
-        reply = await self.scripts.release(model, rid)
+        try:
+            reply = await self.scripts.release(model, rid)
+        except (RedisError, OSError) as e:  # Redis down: its queue entry and lease expire on their own
+            logger.warning("request %s could not leave admission (%s): it expires", rid, e)
+            return
         logger.debug("request %s left admission: %s", rid, reply.code.name)
 
     async def _listen(self) -> None:
@@ -349,6 +391,9 @@ class SlotPool:
                         self._wake(message["data"])
             except asyncio.CancelledError:
                 raise
+            except (RedisError, OSError) as e:  # Redis down or restarted: no traceback per retry
+                logger.warning("admission grant subscription failed (%s); retrying", e)
+                await asyncio.sleep(0.5)
             except Exception:
                 failures += 1
                 logger.warning("admission grant subscription failed; retrying", exc_info=True)
@@ -386,13 +431,36 @@ class SlotPool:
         for model, rids in by_model.items():
             reply = await self.scripts.renew(model, rids, self.lease_ms)
             for rid in reply.lost:
-                if self._held.pop(rid, None) is not None:
+                held = self._held.get(rid)
+                if held is not None and not await self._reclaim(held):
+                    self._held.pop(rid, None)
                     self.leases_lost += 1
                     logger.warning("lease of request %s on %s expired before renewal", rid, model)
+
+    async def _reclaim(self, lease: Lease) -> bool:
+        """Take the seats of a lease Redis lost (it restarted, or the lease lapsed) back for the request
+        that is still running, if they are free now (no wait): so that the running requests count
+        against the quota again and newcomers are not admitted over it."""
+        if self.on_quota_missing is not None:
+            await self.on_quota_missing(lease.model)  # a restarted Redis has no quota yet either
+        reply = await self.scripts.acquire(
+            lease.model, lease.request_id, lease.band, lease.tenant, lease.seats, self.lease_ms, 0,
+            self.gateway_id, worker=lease.worker,
+        )  # fmt: skip
+        if reply.code in (AdmitCode.ADMITTED, AdmitCode.ALREADY_HELD):
+            self.leases_reclaimed += 1
+            return True
+        return False
 
 
 def _rejection(ticket: Ticket, code: AdmitCode, est: float) -> AdmissionRejected:
     retry = max(1.0, est)
+    if code == AdmitCode.QUOTA_MISSING:
+        return QuotaMissing(
+            f"no admission quota for {ticket.model} in Redis (it restarted or the key was deleted); "
+            "refused until a gateway writes it again",
+            retry_after_s=1.0, est_wait_s=0.0,
+        )  # fmt: skip
     if code == AdmitCode.WORKER_FULL:
         return WorkerFull(f"the chosen worker for {ticket.model} is full", retry_after_s=1.0, est_wait_s=0.0)
     if code == AdmitCode.QUEUE_FULL:

@@ -10,6 +10,7 @@
 --  -1 rejected: no seat free and max_wait_ms = 0   -2 rejected: the band queue is full
 --  -3 the chosen worker is full (step two of two-step admission; nothing was taken or queued): route
 --     to another worker, or acquire without one, wait, and place it after the grant (claim.lua)
+--  -4 refused: the model has no quota hash (Redis lost it); nothing was taken or queued
 local rid, b, t = ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local lease_ms, max_wait_ms, gateway = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local worker = ARGV[10] or ''
@@ -23,6 +24,7 @@ end
 if redis.call('ZSCORE', K_LEASES, rid) then return reply(3, 0, 0, pump()) end
 if redis.call('HEXISTS', K_WAITER, rid) == 1 then return reply(4, 0, 0, pump()) end
 
+if QUOTA_MISSING then return reply(-4, 0, 0, {}) end
 local s = clamp_seats(tonumber(ARGV[6]), b, t)
 if worker ~= '' and worker_full(worker) then return reply(-3, s, 0, pump()) end
 local vtime = tonumber(redis.call('HGET', K_QSTATE, 'vtime:' .. b)) or 0

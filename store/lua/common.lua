@@ -2,7 +2,9 @@
 -- The same rules, as pure Python, are policy/admission.py (AdmissionState); tests prove they agree.
 --
 -- KEYS (identical for every admission script, built by store/scripts.py:model_keys; one hash tag):
---   KEYS[1]     kvg:{m}:quota     HASH  limits, read on every call (docs/ADMISSION.md); absent = unlimited
+--   KEYS[1]     kvg:{m}:quota     HASH  limits, read on every call (docs/ADMISSION.md); absent = refuse:
+--                                       a missing hash (Redis restarted, key deleted) never means
+--                                       unlimited; an unlimited model has a hash without `total`
 --   KEYS[2]     kvg:{m}:leases    ZSET  request id -> lease expiry (ms)
 --   KEYS[3]     kvg:{m}:lease     HASH  request id -> JSON {s seats, b band, t tenant, g granted_ms, w gateway,
 --                                       k worker ('' = not placed yet)}
@@ -49,6 +51,8 @@ do
   for i = 1, #flat, 2 do Q[flat[i]] = tonumber(flat[i + 1]) end
 end
 local AGING_MS = Q['aging_ms'] or DEFAULT_AGING_MS
+-- no quota hash at all: nothing is admitted or granted until a gateway writes it again (quota.lua)
+local QUOTA_MISSING = next(Q) == nil
 
 local function tenant_cap(t) return Q['tenant:' .. t] or Q['tenant'] end
 local function queue_max(b) return Q['queue_max:' .. b] or Q['queue_max'] or DEFAULT_QUEUE_MAX end
@@ -157,6 +161,7 @@ end
 -- behind it jumps ahead: the freed seats wait for it.
 local function pump()
   local granted = {}
+  if QUOTA_MISSING then return granted end
   for _ = 1, MAX_GRANTS do
     local best = nil
     for b = 2, 0, -1 do

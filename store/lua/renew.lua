@@ -1,9 +1,11 @@
 -- renew.lua: extend the leases one gateway holds for one model (one round trip per renewal period).
 -- KEYS: see common.lua.   ARGV[1] now_ms   ARGV[2] grants channel   ARGV[3] lease_ms
 -- ARGV[4..] request ids
--- returns {lost_ids, granted_ids}: lost = leases that had already expired (their seats are gone)
+-- returns {lost_ids, granted_ids}: lost = leases already reaped (their seats are gone)
+-- Extends before reaping: a lease past its expiry that no call has reaped yet still holds its seats
+-- (nobody was given them), so its live holder keeps it; after a Redis pause longer than a lease
+-- the first renewal then saves the running requests' seats instead of freeing them for newcomers.
 local lease_ms = tonumber(ARGV[3])
-reap()
 local lost = {}
 for i = 4, #ARGV do
   if redis.call('ZSCORE', K_LEASES, ARGV[i]) then
@@ -12,6 +14,7 @@ for i = 4, #ARGV do
     lost[#lost + 1] = ARGV[i]
   end
 end
+reap()
 local granted = pump()
 publish(granted)
 return {lost, granted}

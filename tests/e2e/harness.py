@@ -1,6 +1,6 @@
 """Shared helpers for end-to-end tests: real processes and servers on 127.0.0.1, always stopped.
 
-- `Gateway`: `kvgate proxy` (mitmdump + the kvgate addon) as a subprocess, polled until /healthz
+- `Gateway`: `kvgate proxy` (mitmdump + the kvgate addon) as a subprocess, polled until /readyz
   answers, stopped with SIGTERM then SIGKILL; its output goes to a log file (a full pipe would block
   the proxy) that failing tests print.
 - `start_worker`: an emulated vLLM worker (bench/emulator) in the test's loop, on a free port.
@@ -53,6 +53,7 @@ class Gateway:
     gateway_id: str = "gw"
     log_dir: Path = Path("/tmp")
     port: int = field(default_factory=free_port)
+    env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -80,7 +81,7 @@ class Gateway:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                self.command(), stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ}
+                self.command(), stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **self.env}
             )
 
         async def ready() -> bool:
@@ -88,7 +89,7 @@ class Gateway:
             if self.proc.poll() is not None:
                 raise AssertionError(f"gateway exited with {self.proc.returncode}:\n{self.output()}")
             try:
-                status, _ = await get(f"{self.url}/healthz", timeout_s=1.0)
+                status, _ = await get(f"{self.url}/readyz", timeout_s=1.0)
             except (TimeoutError, aiohttp.ClientError, OSError):
                 return False
             return status == 200 or (not expect_healthy and status == 503)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -30,15 +29,6 @@ def write_config(tmp_path: Path, total: int, extra: str = "") -> Path:
     path = tmp_path / "kvgate.toml"
     path.write_text(f'[models."{MODEL}"]\ntotal = {total}\n\n[routing]\nrefresh_ms = 100\n{extra}')
     return path
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[SseUpstream]:
-    up = await SseUpstream(MODEL).start()
-    try:
-        yield up
-    finally:
-        await up.close()
 
 
 async def open_stream(session: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None,

@@ -79,7 +79,7 @@ async def test_plain_mitmdump_with_the_entry_script(
             if proc.poll() is not None:
                 raise AssertionError(f"mitmdump exited: {log.read_text()}")
             try:
-                return (await get(f"{url}/healthz", timeout_s=1))[0] == 200
+                return (await get(f"{url}/readyz", timeout_s=1))[0] == 200
             except (aiohttp.ClientError, OSError, TimeoutError):
                 return False
 

@@ -19,11 +19,14 @@ T0 = 1_000_000
 
 
 @pytest.fixture
-def scripts(redis: aioredis.Redis) -> AdmissionScripts:
+async def scripts(redis: aioredis.Redis) -> AdmissionScripts:
+    """The scripts, with model M explicitly unlimited (a missing quota hash is refused)."""
+    await quota(redis, Quota())
     return register_scripts(redis)
 
 
 async def quota(redis: aioredis.Redis, q: Quota, model: str = M) -> None:
+    await redis.delete(quota_key(model))
     await redis.hset(quota_key(model), mapping=q.to_hash())
 
 
@@ -35,6 +38,25 @@ async def take(
 
 
 # ---- every return path --------------------------------------------------------------------------
+
+
+async def test_a_missing_quota_refuses_and_grants_nothing(
+    redis: aioredis.Redis, scripts: AdmissionScripts
+) -> None:
+    """A Redis restart loses the quota hash: never unlimited. Nothing is admitted, queued or granted
+    until the hash is back; releases still work."""
+    await quota(redis, Quota(total=1))
+    assert await take(scripts, "a") == AdmitCode.ADMITTED
+    assert await take(scripts, "b") == AdmitCode.QUEUED
+    await redis.delete(quota_key(M))
+    refused = await scripts.acquire(M, "c", N, "t", 1, 10_000, 5000, "gw", now_ms=T0)
+    assert (refused.code, refused.seats) == (AdmitCode.QUOTA_MISSING, 0)
+    released = await scripts.release(M, "a", now_ms=T0)
+    assert released.granted == ()  # b is not granted a seat of an unknown quota
+    snap = await scripts.snapshot(M, now_ms=T0)
+    assert (snap["used"]["total"], snap["queued"]["normal"]) == (0, 1)
+    await quota(redis, Quota(total=1))
+    assert (await scripts.check(M, "b", now_ms=T0)).status == CheckStatus.HELD
 
 
 async def test_acquire_return_codes(redis: aioredis.Redis, scripts: AdmissionScripts) -> None:
@@ -103,6 +125,7 @@ async def test_renew_extends_live_leases_and_reports_lost_ones(
 ) -> None:
     await take(scripts, "a", lease_ms=100)
     await take(scripts, "b", lease_ms=100, now=T0 + 50)
+    await scripts.check(M, "x", now_ms=T0 + 110)  # any call reaps a: its seat is gone
     reply = await scripts.renew(M, ["a", "b", "ghost"], 1000, now_ms=T0 + 120)
     assert reply.lost == ("a", "ghost")  # a expired at T0+100
     assert await redis.zscore(model_keys(M)[1], "b") == T0 + 1120
@@ -322,3 +345,15 @@ async def test_claim_places_a_lease_granted_after_waiting(
     assert used[b"wreq:w1"] == b"1" and used[b"wreq:w2"] == b"1"
     await scripts.release(M, "b", now_ms=T0)
     assert b"wreq:w2" not in await redis.hgetall(model_keys(M)[3])
+
+
+async def test_renewal_keeps_an_expired_lease_nobody_reaped(
+    redis: aioredis.Redis, scripts: AdmissionScripts
+) -> None:
+    """After a Redis pause longer than a lease, the holder's renewal comes first: its seat was never
+    given away, so it keeps it (and a newcomer is not admitted over the quota)."""
+    await quota(redis, Quota(total=1))
+    assert await take(scripts, "a", lease_ms=100) == AdmitCode.ADMITTED
+    reply = await scripts.renew(M, ["a"], 1000, now_ms=T0 + 500)
+    assert reply.lost == ()
+    assert await take(scripts, "b", wait_ms=0, now=T0 + 600) == AdmitCode.NO_SEAT

@@ -38,6 +38,7 @@ M = "llama"
 
 @pytest.fixture
 async def pools(redis: aioredis.Redis, redis_url: str) -> AsyncIterator[tuple[SlotPool, SlotPool]]:
+    await set_quota(redis, M, Quota())  # explicitly unlimited unless a test sets one (missing = refused)
     clients = [aioredis.Redis.from_url(redis_url) for _ in range(2)]
     made = [
         SlotPool(c, gateway_id=f"gw{i}", lease_ms=2000, renew_every_ms=200) for i, c in enumerate(clients)
@@ -342,3 +343,18 @@ async def test_live_leases_lists_unexpired_leases_for_the_audit(
     }  # fmt: skip
     await a.release(first)
     assert await live_leases(redis, M) == {}
+
+
+async def test_a_lease_redis_lost_is_reclaimed_for_its_running_request(redis: aioredis.Redis) -> None:
+    """A Redis restart loses every lease: the holder's next renewal takes the seats back (when free),
+    so the running requests count against the quota again."""
+    await set_quota(redis, M, Quota(total=1))
+    async with SlotPool(redis, gateway_id="gw", lease_ms=2000, renew_every_ms=200) as pool:
+        lease = await pool.acquire(ticket("running"))
+        await redis.flushdb()  # what a restart without persistence leaves
+        await set_quota(redis, M, Quota(total=1))
+        await pool.renew_now()
+        assert pool.held() == 1 and pool.leases_reclaimed == 1 and pool.leases_lost == 0
+        with pytest.raises(AdmissionRejected):
+            await pool.acquire(ticket("newcomer", wait_s=0))
+        await pool.release(lease)

@@ -108,7 +108,8 @@ def test_gateway_pod_gets_one_core_and_probes_healthz() -> None:
     gateway = values()["gateway"]
     assert gateway["resources"]["requests"]["cpu"] == gateway["resources"]["limits"]["cpu"] == "1"
     deployment = (CHART / "templates" / "deployment.yaml").read_text()
-    assert deployment.count("path: /healthz") == 2  # readiness and liveness
+    assert deployment.count("path: /healthz") == 1  # liveness: the process answers
+    assert deployment.count("path: /readyz") == 1  # readiness: Redis, a routable worker, not draining
     assert "emptyDir" in deployment and "--confdir=" in deployment
 
 

@@ -199,9 +199,10 @@ async def test_local_endpoints(gate: KvGate) -> None:
     await run_request(gate, models)
     assert models.response is not None
     assert [m["id"] for m in json.loads(models.response.content or b"")["data"]] == [MODEL]
-    health = request_flow(path="/healthz", method="GET", body=b"")
-    await run_request(gate, health)
-    assert health.response is not None and health.response.status_code == 200
+    for path in ("/healthz", "/readyz"):
+        health = request_flow(path=path, method="GET", body=b"")
+        await run_request(gate, health)
+        assert health.response is not None and health.response.status_code == 200
     metrics = request_flow(path="/metrics", method="GET", body=b"")
     await run_request(gate, metrics)
     assert metrics.response is not None and b"kvgate_requests_total" in (metrics.response.content or b"")
@@ -213,9 +214,12 @@ async def test_draining_gateway_refuses_new_requests(gate: KvGate) -> None:
     flow = request_flow()
     await run_request(gate, flow)
     assert error_of(flow) == (503, "draining")
-    health = request_flow(path="/healthz", method="GET", body=b"")
+    health = request_flow(path="/readyz", method="GET", body=b"")
     await run_request(gate, health)
     assert health.response is not None and health.response.status_code == 503
+    alive = request_flow(path="/healthz", method="GET", body=b"")
+    await run_request(gate, alive)
+    assert alive.response is not None and alive.response.status_code == 200  # draining is not dead
 
 
 async def test_disconnect_while_queued_leaves_the_queue(gate: KvGate) -> None:

@@ -10,10 +10,11 @@ import redis.asyncio as aioredis
 
 from plugin.audit import Auditor, Drift, compare, persistent
 from plugin.metrics import GatewayMetrics
+from policy.admission import Quota
 from policy.types import Band
 from store import index_store, registry
 from store.registry import WorkerRecord
-from store.slots import SlotPool, Ticket
+from store.slots import SlotPool, Ticket, set_quota
 
 MODEL = "llama"
 
@@ -74,6 +75,7 @@ async def register(redis: aioredis.Redis, wid: str, ids: tuple[str, ...], lease_
 
 async def test_auditor_exports_persistent_drift_and_holds_the_lock(redis: aioredis.Redis) -> None:
     metrics = GatewayMetrics()
+    await set_quota(redis, MODEL, Quota())
     async with SlotPool(redis, gateway_id="gw-a") as pool:
         for rid in ("r1", "r2", "r3"):
             await pool.acquire(Ticket(rid, MODEL, Band.NORMAL, "t"))

@@ -84,3 +84,41 @@ def test_bearer_token() -> None:
     assert bearer_token("Bearer abc") == "abc"
     assert bearer_token("Bearer ") is None
     assert bearer_token("") is None
+
+
+def test_api_keys_may_be_stored_hashed() -> None:
+    import hashlib
+
+    from plugin.auth import Auth
+    from plugin.config import config_from_dict
+
+    digest = hashlib.sha256(b"tenant-key").hexdigest()
+    config = config_from_dict(
+        {"auth": {"enabled": True}, "tenants": {"acme": {"api_keys": [f"sha256:{digest}"]}}}
+    )
+    auth = Auth(config)
+    assert auth.tenant("Bearer tenant-key") == "acme"
+    assert "tenant-key" not in repr(auth.tenant_of_key)  # only digests are kept in memory
+
+
+def test_a_clamped_priority_is_flagged() -> None:
+    from plugin.auth import Auth
+    from plugin.config import config_from_dict
+
+    auth = Auth(config_from_dict({"tenants": {"default": {"max_band": "normal"}}}))
+    assert auth.caller({"x-kvgate-priority": "high"}).clamped is True
+    assert auth.caller({"x-kvgate-priority": "low"}).clamped is False
+
+
+def test_a_non_utf8_api_key_is_a_401_not_a_crash() -> None:
+    from plugin.auth import Auth
+    from plugin.config import config_from_dict
+    from plugin.errors import GatewayError
+
+    auth = Auth(config_from_dict({"auth": {"enabled": True}, "tenants": {"a": {"api_keys": ["k"]}}}))
+    try:
+        auth.tenant("Bearer \udc80")  # a latin-1 byte, as HeaderMap decodes it
+    except GatewayError as e:
+        assert e.status == 401
+    else:
+        raise AssertionError("an unknown key must be refused")

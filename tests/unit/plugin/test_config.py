@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.config import ConfigError, GatewayConfig, config_from_dict, load_config
+from plugin.config import ConfigError, GatewayConfig, config_from_dict, key_digest, load_config
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "kvgate.toml"
 
@@ -31,7 +31,7 @@ def test_tenants_and_models() -> None:
             "admission": {"default_total": 100000},
         }
     )
-    assert config.key_to_tenant() == {"k1": "acme", "k2": "acme"}
+    assert config.key_to_tenant() == {key_digest("k1"): "acme", key_digest("k2"): "acme"}
     assert config.models["llama"].total == 8
     assert (config.models["llama"].on_worker_full, config.models["llama"].reroute_attempts) == ("reroute", 8)
 

@@ -56,3 +56,23 @@ async def test_a_request_without_a_route_is_503_not_forwarded() -> None:
     state.route = None
     await Dispatch(collect_usage=True, metrics=GatewayMetrics()).request(flow)  # type: ignore[arg-type]
     assert flow.response is not None and flow.response.status_code == 503  # type: ignore[attr-defined]
+
+
+async def test_client_credentials_and_hop_headers_never_reach_the_worker() -> None:
+    flow, _ = admitted({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    headers = flow.request.headers  # type: ignore[attr-defined]
+    for name, value in (("Authorization", "Bearer tenant"), ("X-Forwarded-For", "1.2.3.4"),
+                        ("x-kvgate-worker", "spoof"), ("Connection", "x-hop"), ("x-hop", "1"),
+                        ("x-request-id", "client-raw"), ("x-keep", "yes")):  # fmt: skip
+        headers.add(name, value)
+    keys = {"w0": "worker-key"}
+    await Dispatch(
+        collect_usage=False, metrics=GatewayMetrics(), upstream_key=lambda w: keys.get(w, "")
+    ).request(
+        flow  # type: ignore[arg-type]
+    )
+    sent = flow.request.headers  # type: ignore[attr-defined]
+    assert sent["authorization"] == "Bearer worker-key" and sent["x-keep"] == "yes"
+    assert sent.get_all("x-request-id") == ["rid-1"]
+    for name in ("x-forwarded-for", "x-kvgate-worker", "connection", "x-hop"):
+        assert name not in sent

