@@ -185,7 +185,11 @@ class KvGate:
         await self.pool.start()
         self._releaser = spawn(self._release_loop(), name="kvgate-release")
         self.router = Router(
-            config.routing, self.redis, prefix_modes=config.prefix_modes(), metrics=self.metrics
+            config.routing,
+            self.redis,
+            prefix_modes=config.prefix_modes(),
+            metrics=self.metrics,
+            tokenizers=config.tokenizers(),
         )
         await self.router.start()
         self.decisions = DecisionLog(

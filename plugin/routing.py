@@ -27,7 +27,7 @@ import logging
 import random
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -38,9 +38,10 @@ from redis.exceptions import RedisError
 
 from agent import index_store
 from agent.registry import WorkerRecord
-from plugin.config import RoutingSection
+from plugin.config import ConfigError, RoutingSection
 from plugin.context import accepted, fail_closed
 from plugin.errors import GatewayError
+from plugin.local_tokenizer import LocalTokenizer, LocalTokenizerError
 from plugin.tasks import cancel_and_wait, spawn
 from plugin.tokenize import TokenizeFailed, Tokenizer
 from policy.config import RoutingConfig
@@ -161,6 +162,17 @@ class ModelRouting:
         return out
 
 
+def load_local_tokenizers(directories: Mapping[str, str]) -> dict[str, LocalTokenizer]:
+    """model -> its local tokenizer ([models."<m>"] tokenizer); ConfigError names a bad directory."""
+    out = {}
+    for model, directory in directories.items():
+        try:
+            out[model] = LocalTokenizer.load(directory)
+        except LocalTokenizerError as e:
+            raise ConfigError(f"models.{model}.tokenizer", directory, str(e)) from None
+    return out
+
+
 class Router:
     """Picks workers for one gateway process; see the module docstring."""
 
@@ -171,12 +183,15 @@ class Router:
         *,
         prefix_modes: dict[str, str] | None = None,
         metrics: GatewayMetrics | None = None,
+        tokenizers: Mapping[str, str] | None = None,
     ) -> None:
         self.section = section
         self.prefix_modes = prefix_modes or {}  # per-model overrides of section.prefix_mode
         self.metrics = metrics
         self.tokenizer = Tokenizer(
-            timeout_s=section.tokenize_timeout_ms / 1000, cache_entries=section.tokenize_cache_entries
+            timeout_s=section.tokenize_timeout_ms / 1000,
+            cache_entries=section.tokenize_cache_entries,
+            local=load_local_tokenizers(tokenizers or {}),
         )
         self.policy_config = policy_config = section.policy_config()
         self.redis = redis

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from bench.emulator.metrics import render
 from bench.emulator.openai_api import ApiError
-from bench.emulator.tokenizer import TemplateError, render_chat, tokenize
+from bench.emulator.tokenizer import TemplateError
 from bench.emulator.worker import WORKER, error_response, read_json
 
 logger = logging.getLogger(__name__)
@@ -48,16 +48,15 @@ async def tokenize_endpoint(request: web.Request) -> web.Response:
             raise ApiError(404, f"The model `{model}` does not exist.", "model")
         if "messages" in body:
             try:
-                text = render_chat(body["messages"])
+                tokens = worker.tokenizer.chat(body)
             except TemplateError as e:
                 raise ApiError(400, str(e), "messages") from None
         elif isinstance(body.get("prompt"), str):
-            text = body["prompt"]
+            tokens = worker.tokenizer.text(body["prompt"], bool(body.get("add_special_tokens", True)))
         else:
             raise ApiError(400, "give a prompt string or a messages list", "prompt")
     except ApiError as e:
         return error_response(e)
-    tokens = tokenize(text)
     return web.json_response(
         {"count": len(tokens), "max_model_len": worker.max_model_len, "tokens": tokens, "token_strs": None}
     )

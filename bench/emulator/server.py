@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from bench.emulator import engine_tokenizer
 from bench.emulator.completions import completion_handler
 from bench.emulator.driver import EngineDriver
 from bench.emulator.endpoints import (
@@ -86,6 +87,7 @@ async def engine_context(app: web.Application) -> AsyncIterator[None]:
         Counter(),
         random.Random(),
         max_model_len,
+        engine_tokenizer.load(config.tokenizer),
     )
     app[WORKER] = worker
     task = spawn(driver.run(), name=f"emulator-driver-{config.worker_id}")
