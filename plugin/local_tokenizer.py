@@ -9,7 +9,7 @@ completions prompts are encoded with them (the tokenizer's post-processor adds B
 
 Prefix-incremental: the rendered text is cut at the tokenizer's added tokens (`<|eot_id|>`,
 `<|im_start|>`, ...), which the tokenizer itself splits on before anything else, so the ids of the
-whole text are the ids of the pieces in order. A chain cache keyed by a digest of the text up to each
+whole text are the ids of the pieces in order. A chain cache keyed by a hash of the text up to each
 cut keeps the block-hash chain there (hashes, pending tokens of the unfinished block, token count), so
 a prompt that extends a seen one (the next turn of a chat, a shared system prompt and tools) tokenizes
 and hashes only the text after the longest seen cut. A piece cache (piece text -> ids) serves pieces
@@ -43,7 +43,7 @@ from plugin.chat_template import TemplateError, compile_template, render, specia
 from policy.prefix import token_block_hashes
 
 HASH_SLICE_BLOCKS = 256  # blocks hashed between two yields to the loop (~0.3-1 ms)
-THREAD_MIN_CHARS = 4096  # new text shorter than this is encoded on the loop (a thread hop costs more)
+THREAD_MIN_CHARS = 16_384  # new text shorter than this (~4k tokens, ~1.5 ms) is encoded on the loop
 
 
 class LocalTokenizerError(ValueError):
@@ -106,7 +106,7 @@ class LocalTokenizer:
         added = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len)
         self.incremental = bool(added) and _incremental_ok(tokenizer, config)
         self._cut = re.compile("(" + "|".join(re.escape(t) for t in reversed(added)) + ")") if added else None
-        self._chains: LRUCache[tuple[bytes, int], _Chain] = LRUCache(maxsize=max(1, chain_entries))
+        self._chains: LRUCache[tuple[tuple[int, int], int], _Chain] = LRUCache(maxsize=max(1, chain_entries))
         self._pieces: LRUCache[str, tuple[int, ...]] = LRUCache(maxsize=max(1, piece_tokens), getsizeof=len)
 
     @classmethod
@@ -187,7 +187,7 @@ class LocalTokenizer:
     def _remember(self, plan: _Plan, encoded: Sequence[list[int]]) -> None:
         for text, ids in zip(plan.new, encoded, strict=True):
             plan.fresh[text] = tuple(ids)
-            if plan.digests[0] is not None:  # incremental: pieces are worth keeping
+            if plan.keys[0] is not None:  # incremental: pieces are worth keeping
                 self._pieces[text] = tuple(ids)
 
     def _plan(self, text: str, special: bool, block_size: int) -> _Plan:
@@ -196,21 +196,23 @@ class LocalTokenizer:
             # special tokens come from the post-processor: only a whole-text encode knows where they go
             return _Plan([text], [None], None, [text])
         pieces = [p for p in self._cut.split(text) if p]
-        digest = blake2b(digest_size=16)
-        digests: list[bytes | None] = []
+        # key of the text up to each cut: a chain of Python's (SipHash) str hashes, with the length
+        # checked on a hit; the pieces' hashes are cached on the str objects for the lookups below
+        keys: list[tuple[int, int] | None] = []
+        key, length = 0, 0
         for piece in pieces:
-            digest.update(piece.encode("utf-8", "surrogatepass"))
-            digest.update(b"\x00")
-            digests.append(digest.digest())
+            length += len(piece)
+            key = hash((key, piece))
+            keys.append((key, length))
         start, chain = 0, None
         for i in range(len(pieces) - 1, -1, -1):
-            found = self._chains.get((digests[i], block_size))  # type: ignore[arg-type]
+            found = self._chains.get((keys[i], block_size))
             if found is not None:
                 start, chain = i + 1, found
                 break
         rest = pieces[start:]
         new = [p for p in dict.fromkeys(rest) if p not in self._pieces and not self._is_added(p)]
-        return _Plan(rest, digests[start:], chain, new)
+        return _Plan(rest, keys[start:], chain, new)
 
     def _is_added(self, piece: str) -> bool:
         return self._cut is not None and self._cut.fullmatch(piece) is not None
@@ -233,7 +235,7 @@ class LocalTokenizer:
         cached = tokens
         step = 4 * block_size
         since_yield = 0
-        for piece, digest in zip(plan.pieces, plan.digests, strict=True):
+        for piece, key in zip(plan.pieces, plan.keys, strict=True):
             ids = self._piece_ids(plan, piece)
             run = pending + ids
             full = len(run) // block_size
@@ -245,8 +247,8 @@ class LocalTokenizer:
                 since_yield += full
             pending = run[full * block_size :]
             tokens += len(ids)
-            if digest is not None:
-                self._chains[(digest, block_size)] = _Chain(hashes, len(hashes), last, pending, tokens)
+            if key is not None:
+                self._chains[(key, block_size)] = _Chain(hashes, len(hashes), last, pending, tokens)
             if since_yield >= HASH_SLICE_BLOCKS:
                 since_yield = 0
                 yield None
@@ -256,7 +258,7 @@ class LocalTokenizer:
 @dataclass(slots=True)
 class _Plan:
     pieces: list[str]  # pieces after the cached chain, in order
-    digests: list[bytes | None]  # digest of the text up to the end of each (None: not incremental)
+    keys: list[tuple[int, int] | None]  # (hash chain, length) of the text up to the end of each piece
     chain: _Chain | None  # the longest cached chain the text starts with
     new: list[str]  # distinct pieces to encode (in no cache)
     fresh: dict[str, tuple[int, ...]] = field(default_factory=dict)  # their ids, once encoded
