@@ -19,6 +19,7 @@ from aiohttp import web
 
 from agent.app import AGENT, create_app
 from agent.config import AgentConfig, ConfigError, parse_args
+from runtime import compat
 
 logger = logging.getLogger("kvgate.agent")
 
@@ -56,6 +57,7 @@ async def serve(config: AgentConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    compat.install()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = parse_args(list(sys.argv[1:] if argv is None else argv))

@@ -2,7 +2,7 @@
 
 Every heartbeat period `WorkerAgent.step` probes the worker (agent/probe.py: GET /health, /metrics,
 and /kvgate/inflight when the worker offers it), asks `LeaseKeeper` (agent/lease.py) what to do, and does
-it against Redis (agent/registry.py, agent/index_store.py). In exact mode a `KvEventConsumer`
+it against Redis (store/registry.py, store/index_store.py). In exact mode a `KvEventConsumer`
 (agent/kv_events.py) turns the worker's KV events into index entries. The agent serves its own
 GET /healthz and GET /metrics (Prometheus text). `create_app(config)` builds the aiohttp app; Redis,
 the HTTP client, the lease loop and the KV-event consumer live in `cleanup_ctx` contexts.
@@ -21,14 +21,14 @@ import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from agent import index_store, registry
 from agent.config import AgentConfig
 from agent.kv_consumer import KvEventConsumer, KvEventStats
 from agent.lease import LeaseKeeper, Probe
 from agent.probe import WorkerProbe
-from agent.registry import WorkerRecord
 from agent.scrape import WorkerLoad
-from plugin.tasks import cancel_and_wait, spawn
+from runtime.tasks import cancel_and_wait, spawn
+from store import index_store, registry
+from store.registry import WorkerRecord
 
 logger = logging.getLogger("kvgate.agent")
 

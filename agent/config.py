@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from policy import keys
+from store import keys
 
 
 class ConfigError(ValueError):

@@ -2,7 +2,7 @@
 
 A ZMQ SUB socket (pyzmq asyncio) connects to the worker's publisher (vLLM binds `tcp://*:port`);
 each `[topic, seq, payload]` message is decoded (agent/kv_events.py), sequence gaps are logged and
-counted, and the implied adds/removes go to the Redis index store (agent/index_store.py), runs of the
+counted, and the implied adds/removes go to the Redis index store (store/index_store.py), runs of the
 same op coalesced into one call. AllBlocksCleared, or a sequence that goes back (the publisher
 restarted), clears the worker's entries and calls `on_reset` (the agent bumps the epoch).
 """
@@ -18,8 +18,8 @@ import zmq
 import zmq.asyncio
 from redis.exceptions import RedisError
 
-from agent import index_store
 from agent.kv_events import KvEvent, KvEventDecodeError, RouterKeys, decode_batch
+from store import index_store
 
 logger = logging.getLogger(__name__)
 

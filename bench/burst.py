@@ -45,11 +45,11 @@ from bench.live_scenarios import filler_text
 from bench.loadgen import LiveRequest, LiveResult, percentile, run_open_loop
 from bench.stack import Stack
 from plugin.decision_log import read_recent
-from plugin.scripts import GRANTED_CHANNEL
-from plugin.slots import AdmissionRejected, Lease, SlotPool, Ticket, live_leases, set_quota
-from plugin.tasks import spawn
 from policy.admission import Quota
 from policy.types import Band
+from runtime.tasks import spawn
+from store.scripts import GRANTED_CHANNEL
+from store.slots import AdmissionRejected, Lease, SlotPool, Ticket, live_leases, set_quota
 
 MODEL = "llama"
 PROFILE = "h100-llama3.1-8b"

@@ -34,7 +34,7 @@ from bench.demo import (
 from bench.live_scenarios import TenantPromptsScenario
 from bench.loadgen import run_open_loop
 from bench.stack import Stack
-from plugin.redis_server import free_port
+from store.redis_server import free_port
 
 
 def wait_routable(gateway: str, count: int, timeout_s: float = 30.0) -> None:

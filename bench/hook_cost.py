@@ -25,13 +25,14 @@ from pathlib import Path
 from mitmproxy import http
 from mitmproxy.test import taddons, tflow, tutils
 
-from agent import registry
-from agent.registry import WorkerRecord
 from bench.live_scenarios import filler_text
 from bench.overhead import MODEL, PROMPT_TOKENS, kvgate_config, make_body
 from plugin.addon import KvGate
 from plugin.mirror import wall_ms
-from plugin.redis_server import EmbeddedRedis
+from runtime import compat
+from store import registry
+from store.redis_server import EmbeddedRedis
+from store.registry import WorkerRecord
 
 COMPLETION = json.dumps(
     {"choices": [{"message": {"content": "ok"}}], "usage": {"prompt_tokens": 4000, "completion_tokens": 1}}
@@ -109,6 +110,7 @@ async def measure(gate: KvGate, args: argparse.Namespace, system: str, rng: rand
 
 
 def main(argv: list[str] | None = None) -> int:
+    compat.install()
     parser = argparse.ArgumentParser(prog="python -m bench.hook_cost", description=__doc__)
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=8)

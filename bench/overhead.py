@@ -40,7 +40,7 @@ import aiohttp
 from bench.live_scenarios import filler_text
 from bench.loadgen import LiveRequest, percentile, run_open_loop
 from bench.stack import Stack, wait_http_ok
-from plugin.redis_server import free_port
+from store.redis_server import free_port
 
 MODEL = "bench-model"
 PROMPT_TOKENS = 4000

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plugin.redis_server import EmbeddedRedis, free_port
+from store.redis_server import EmbeddedRedis, free_port
 
 
 class StackError(RuntimeError):

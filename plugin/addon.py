@@ -1,11 +1,12 @@
 """`KvGate`: the kvgate mitmproxy addon — admit, route and account for LLM requests.
 
-One parent addon owns the process-wide parts and the lifecycle; one child per concern runs in order
-on every hook (STYLE §7.3; the parent calls them itself, see __init__), each failing closed:
+One parent addon owns the process-wide services and the lifecycle; it hands them, as one frozen
+`GatewayContext` (context.py), to one part per concern, which run in order on every hook (STYLE §7.3;
+the parent calls them itself, see `_wire`), each failing closed:
 
     Intake     local endpoints, auth, priority, body limits, model pool, prefix hashes   (intake.py)
-    Admission  global slot lease, queued in priority order across gateways              (admit.py)
-    Dispatch   routing decision from in-memory state, upstream rewrite                 (routing.py)
+    Admission  routing choice, global slot lease on that worker, queued across gateways (admit.py)
+    Dispatch   upstream rewrite to the chosen worker                                     (dispatch.py)
     Release    metered streaming, x-kvgate-* headers, release exactly once, record     (release.py)
 
 Options (per-process knobs; everything else is the TOML file, plugin/config.py):
@@ -40,35 +41,39 @@ from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.tools.dump import DumpMaster
 from redis.exceptions import RedisError
 
-from agent.registry import WorkerRecord
 from plugin.admit import Admission
 from plugin.audit import Auditor
 from plugin.auth import Auth
 from plugin.autoscale import QueueSignalRefresher
 from plugin.config import ConfigError, GatewayConfig, load_config
+from plugin.context import GatewayContext
 from plugin.decision_log import DecisionLog
-from plugin.errors import install_json_protocol_errors, json_response
+from plugin.dispatch import Dispatch
+from plugin.errors import install_json_protocol_errors, openai_error
 from plugin.intake import Intake
+from plugin.local import LocalEndpoints
 from plugin.metrics import GatewayMetrics
-from plugin.mirror import ClusterMirror, wall_ms
+from plugin.mirror import ClusterMirror
 from plugin.prefix_memo import PromptHasher
+from plugin.process_state import ProcessState
 from plugin.quotas import ensure_quotas
-from plugin.redis_server import EmbeddedRedis
 from plugin.release import Release
-from plugin.routing import Dispatch, Route, Router
-from plugin.slots import Lease, SlotPool
+from plugin.releaser import Releaser
+from plugin.routing import Router
 from plugin.static_workers import StaticWorkers
-from plugin.tasks import cancel_and_wait, spawn
+from plugin.workers import WorkerPool
 from policy.pressure import PressureTracker
+from runtime.tasks import spawn
+from store.redis_server import EmbeddedRedis
+from store.slots import SlotPool
 
 logger = logging.getLogger(__name__)
 
 REDIS_CONNECTIONS = 4096
-SUSPECT_S = 5.0  # a worker that refused a connection is skipped this long (unless it is the only one)
 
 
 class KvGate:
-    """Admit, route and account for LLM requests; children run in order on every hook."""
+    """Admit, route and account for LLM requests; its request-path parts run in order on every hook."""
 
     def __init__(self) -> None:
         self.config = GatewayConfig()
@@ -77,7 +82,8 @@ class KvGate:
         self.gateway_id = ""
         self.redis: aioredis.Redis | None = None
         self.embedded: EmbeddedRedis | None = None
-        self.pool: SlotPool = None  # set in running()
+        self.pool: SlotPool | None = None  # set in running()
+        self.releaser: Releaser | None = None
         self.mirror: ClusterMirror | None = None
         self.router = Router(self.config.routing)
         self.hasher = PromptHasher()  # prefix hashes, shared prefixes hashed once (plugin/prefix_memo.py)
@@ -86,38 +92,57 @@ class KvGate:
         self.queue_signal: QueueSignalRefresher | None = None  # autoscaling gauges (plugin/autoscale.py)
         self.pressure = PressureTracker()  # sheds low priority under sustained pressure (fed by queue_signal)
         self.auditor: Auditor | None = None  # drift audit (plugin/audit.py)
-        self.draining = False
-        self.waiters: dict[str, set[asyncio.Task[Any]]] = {}  # client id -> its hooks awaiting admission
-        self.disconnected: set[asyncio.Task[Any]] = set()  # of those, cancelled because the client left
-        self.queued: dict[str, int] = {}  # model -> requests of this process waiting for a slot
-        self.suspects: dict[tuple[str, str], float] = {}  # (model, worker) -> skip until (monotonic)
-        self.releases = 0
-        self._to_release: list[Lease] = []  # released by the flows, not yet sent (_release_loop)
-        self._release_wake = asyncio.Event()
-        self._releaser: asyncio.Task[None] | None = None
+        self.process = ProcessState()  # draining, requests waiting for admission
+        self.workers = WorkerPool(None)
+        self.local: LocalEndpoints | None = None
+        self.parts: tuple[Intake, Admission, Dispatch, Release] | None = None  # built once running
         self._started = False
         self._profiler: cProfile.Profile | None = None
-        # The children are dispatched by the hooks below rather than registered as mitmproxy child
-        # addons: each event goes through mitmproxy's ~40-addon dispatch, and four more addons in
-        # that chain cost measurable CPU per request; the order and the one-concern-per-child
-        # split are the same.
-        self.intake, self.admission = Intake(self), Admission(self)
-        self.dispatch, self.release = Dispatch(self), Release(self)
 
-    # -- hooks: the children in order --------------------------------------------------------------
+    def _wire(self, pool: SlotPool, releaser: Releaser) -> None:
+        """Hand the services to the request-path parts, as one frozen bundle.
+
+        The parts are dispatched by the hooks below rather than registered as mitmproxy child
+        addons: each event goes through mitmproxy's ~40-addon dispatch, and four more addons in
+        that chain cost measurable CPU per request; the order and the one-concern-per-part split are
+        the same."""
+        self.local = LocalEndpoints(
+            gateway_id=self.gateway_id, redis=self.redis, pool=pool, mirror=self.mirror, router=self.router,
+            metrics=self.metrics, process=self.process,
+        )  # fmt: skip
+        context = GatewayContext(
+            gateway_id=self.gateway_id, config=self.config, auth=self.auth, metrics=self.metrics,
+            workers=self.workers, router=self.router, hasher=self.hasher, pool=pool, releaser=releaser,
+            pressure=self.pressure, decisions=self.decisions, process=self.process, local=self.local,
+        )  # fmt: skip
+        self.parts = (Intake(context), Admission(context), Dispatch(context), Release(context))
+
+    @property
+    def releases(self) -> int:
+        """Leases the flows gave back (queued for the release loop)."""
+        return self.releaser.released if self.releaser is not None else 0
+
+    # -- hooks: the parts in order -----------------------------------------------------------------
     async def request(self, flow: http.HTTPFlow) -> None:
-        await self.intake.request(flow)
-        await self.admission.request(flow)
-        await self.dispatch.request(flow)
+        if self.parts is None:  # not running (no Redis): never forward to the fallback upstream
+            flow.response = openai_error(503, "starting", "the gateway is not running yet")
+            return
+        intake, admission, dispatch, _ = self.parts
+        await intake.request(flow)
+        await admission.request(flow)
+        await dispatch.request(flow)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        self.release.responseheaders(flow)
+        if self.parts is not None:
+            self.parts[3].responseheaders(flow)
 
     def response(self, flow: http.HTTPFlow) -> None:
-        self.release.response(flow)
+        if self.parts is not None:
+            self.parts[3].response(flow)
 
     def error(self, flow: http.HTTPFlow) -> None:
-        self.release.error(flow)
+        if self.parts is not None:
+            self.parts[3].error(flow)
 
     # -- options and config --------------------------------------------------------------------------
     def load(self, loader: Any) -> None:
@@ -183,7 +208,8 @@ class KvGate:
             renew_every_ms=config.admission.renew_every_ms,
         )  # fmt: skip
         await self.pool.start()
-        self._releaser = spawn(self._release_loop(), name="kvgate-release")
+        self.releaser = Releaser(self.pool)
+        await self.releaser.start()
         self.router = Router(
             config.routing,
             self.redis,
@@ -210,6 +236,7 @@ class KvGate:
             on_refresh=self._on_refresh,
         )  # fmt: skip
         await self.mirror.start()
+        self.workers = WorkerPool(self.mirror)
         self.queue_signal = QueueSignalRefresher(
             self.pool, self.metrics, self.mirror.models, pressure=self.pressure
         )
@@ -220,6 +247,7 @@ class KvGate:
                 period_s=config.admission.audit_every_ms / 1000, threshold=config.admission.drift_warn,
             )  # fmt: skip
             await self.auditor.start()
+        self._wire(self.pool, self.releaser)
         with contextlib.suppress(NotImplementedError, RuntimeError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._on_sigterm)
         logger.info("kvgate: gateway %s running (policy %s)", self.gateway_id, config.routing.policy)
@@ -239,10 +267,9 @@ class KvGate:
                 with contextlib.suppress(Exception):
                     await part.close()
         if self.pool is not None:
-            await cancel_and_wait(self._releaser)
-            self._releaser = None
             with contextlib.suppress(Exception):
-                await self._release_queued()  # what the flows gave back last
+                if self.releaser is not None:
+                    await self.releaser.close()  # sends what the flows gave back last
                 await self.pool.close()
         if self.redis is not None:
             with contextlib.suppress(Exception):
@@ -262,117 +289,16 @@ class KvGate:
 
     # -- client disconnects while queued -------------------------------------------------------------
     def client_disconnected(self, client: connection.Client) -> None:
-        for task in self.waiters.pop(client.id, ()):
-            self.disconnected.add(task)  # plugin/admit.py takes this cancellation back
-            task.cancel()
-
-    # -- shared helpers for the children -------------------------------------------------------------
-    def mirror_workers(self, model: str) -> list[WorkerRecord]:
-        return self.mirror.workers(model) if self.mirror else []
-
-    def routable(self, model: str) -> list[WorkerRecord]:
-        """Live, non-draining workers of `model`, minus recently refused ones (unless none would be left)."""
-        if self.mirror is None:
-            return []
-        workers = self.mirror.routable(model)
-        if self.suspects:
-            now = time.monotonic()
-            ok = [w for w in workers if self.suspects.get((model, w.id), 0.0) <= now]
-            return ok or workers
-        return workers
-
-    def router_suspect(self, route: Route) -> None:
-        self.suspects[(route.model, route.worker.id)] = time.monotonic() + SUSPECT_S
-
-    def release_lease(self, lease: Lease) -> None:
-        """Give `lease` back soon: queued for the release loop, which sends what one loop tick queued
-        in one pipelined round trip (no task per request)."""
-        self.releases += 1
-        if not self._to_release:
-            self._release_wake.set()
-        self._to_release.append(lease)
-        if self._releaser is None:  # no release loop (stopping): send it now
-            spawn(self._release_queued(), name="kvgate-release-late")
-
-    async def _release_loop(self) -> None:
-        while True:
-            await self._release_wake.wait()
-            self._release_wake.clear()
-            await self._release_queued()
-
-    async def _release_queued(self) -> None:
-        batch, self._to_release = self._to_release, []
-        if not batch:
-            return
-        try:
-            await self.pool.release_many(batch)
-        except (RedisError, OSError) as e:  # the leases expire on their own
-            logger.warning("release of %d leases failed: %s", len(batch), e)
-
-    # -- local endpoints -----------------------------------------------------------------------------
-    async def serve_local(self, endpoint: str) -> http.Response:
-        if endpoint == "models":
-            served = self.mirror.served_models() if self.mirror else []
-            data = [{"id": m, "object": "model", "owned_by": "kvgate", "created": 0} for m in served]
-            return json_response(200, {"object": "list", "data": data})
-        if endpoint == "healthz":
-            return await self.health()
-        return http.Response.make(
-            200, (await self.render_metrics()).encode(), {"content-type": "text/plain; version=0.0.4"}
-        )
-
-    async def health(self) -> http.Response:
-        redis_ok = False
-        if self.redis is not None:
-            with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):
-                redis_ok = bool(await asyncio.wait_for(self.redis.ping(), 1.0))
-        live = 0
-        if self.mirror is not None:
-            live = sum(len(self.mirror.routable(m)) for m in self.mirror.models())
-        ok = redis_ok and live > 0 and not self.draining
-        body = {"status": "ok" if ok else "unavailable", "redis": redis_ok, "live_workers": live,
-                "draining": self.draining, "gateway": self.gateway_id}  # fmt: skip
-        return json_response(200 if ok else 503, body)
-
-    async def render_metrics(self) -> str:
-        m = self.metrics
-        m.draining.set(1.0 if self.draining else 0.0)
-        for model, n in self.queued.items():
-            m.queue_length.set(n, model)
-        if self.mirror is not None:
-            now = wall_ms()
-            for model in self.mirror.models():
-                workers = self.mirror.workers(model)
-                live = [w for w in workers if w.lease_expiry_ms > now]
-                m.workers.set(sum(1 for w in live if not w.draining), model, "routable")
-                m.workers.set(sum(1 for w in live if w.draining), model, "draining")
-                m.workers.set(len(workers) - len(live), model, "expired")
-                routing = self.router.models.get(model)
-                if routing is not None:
-                    m.inflight.set(sum(routing.inflight.values()), model)
-                await self._global_admission_metrics(model)
-        return m.render()
-
-    async def _global_admission_metrics(self, model: str) -> None:
-        if self.pool is None:
-            return
-        try:
-            snap = await asyncio.wait_for(self.pool.snapshot(model), 1.0)
-        except (RedisError, OSError, TimeoutError) as e:
-            logger.debug("admission snapshot of %s failed: %s", model, e)
-            return
-        self.metrics.seats_used.set(snap["used"]["total"], model)
-        for band, queued in snap["queued"].items():
-            self.metrics.global_queue.set(queued, model, band)
+        self.process.client_left(client.id)  # plugin/admit.py takes this cancellation back
 
     # -- SIGTERM drain -------------------------------------------------------------------------------
     def _on_sigterm(self) -> None:
-        if not self.draining:
+        if not self.process.draining:
             spawn(self.drain(), name="kvgate-drain")
 
     async def drain(self) -> None:
         """Refuse new requests, let live ones finish (bounded), then shut mitmproxy down."""
-        self.draining = True
+        self.process.draining = True
         deadline = time.monotonic() + self.config.gateway.drain_timeout_ms / 1000
         logger.info("kvgate: draining (%d requests in flight)", self.inflight())
         while self.inflight() and time.monotonic() < deadline:
@@ -381,4 +307,6 @@ class KvGate:
         ctx.master.shutdown()
 
     def inflight(self) -> int:
-        return sum(sum(r.inflight.values()) for r in self.router.models.values()) + sum(self.queued.values())
+        return (
+            sum(sum(r.inflight.values()) for r in self.router.models.values()) + self.process.queued_total()
+        )

@@ -1,13 +1,13 @@
-"""Admission, the second child on a completion request: a global slot on a worker with room.
+"""Admission, the second part on a completion request: a global slot on a worker with room.
 
 Two-step admission (plugin/placement.py): the request is routed first (memory only), then the slot
-pool (plugin/slots.py) takes a seat and checks the chosen worker's capacity in one Redis round trip
+pool (store/slots.py) takes a seat and checks the chosen worker's capacity in one Redis round trip
 when both have room. Otherwise the request waits in the global priority queue that all gateways
 share, or for a worker (rerouted first, per model: `on_worker_full`). While it waits, the request's
-client may leave: `KvGate.client_disconnected` cancels the wait (the pool is cancellation-safe: the
-waiter leaves the queue, a slot granted in the race or held while waiting for a worker is released)
-and the flow is killed, so it never reaches a worker. A full queue or an exhausted wait budget
-answers 429 with `Retry-After` and the estimated wait.
+client may leave: `ProcessState.client_left` (the addon's `client_disconnected`) cancels the wait
+(the pool is cancellation-safe: the waiter leaves the queue, a slot granted in the race or held while
+waiting for a worker is released) and the flow is killed, so it never reaches a worker. A full queue
+or an exhausted wait budget answers 429 with `Retry-After` and the estimated wait.
 Under sustained pressure (policy/pressure.py) a low-priority request is shed at the door: 429
 `shed` with an `x-kvgate-shed` header, before it takes a seat or a queue place.
 """
@@ -15,116 +15,113 @@ Under sustained pressure (policy/pressure.py) a low-priority request is shed at 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import Collection
 
 from mitmproxy import http
 
 from plugin.config import ModelSection
-from plugin.context import accepted, fail_closed, now_s
+from plugin.context import GatewayContext
 from plugin.errors import GatewayError
-from plugin.placement import Placed, Placement
-from plugin.slots import AdmissionRejected, Ticket
-
-if TYPE_CHECKING:
-    from plugin.addon import KvGate
-    from plugin.routing import Prompt
-
+from plugin.flow import Accepted, Prompt, Route, accepted, fail_closed, now_s
+from plugin.placement import Placement
+from store.slots import AdmissionRejected, Ticket
 
 DEFAULT_MODEL = ModelSection()
 
 
 class Admission:
-    """Child addon: route, then take a slot lease on that worker (one Redis round trip when free)."""
+    """Request-path part: route, then take a slot lease on that worker (one Redis round trip when free)."""
 
-    def __init__(self, gate: KvGate) -> None:
-        self.gate = gate
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
 
     @fail_closed
     async def request(self, flow: http.HTTPFlow) -> None:
         if (found := accepted(flow)) is None:
             return
-        state, parsed, caller = found
-        gate = self.gate
-        prompt: Prompt = state.extra["prompt"]
+        state, parsed, caller = found.state, found.parsed, found.caller
+        ctx, process = self.ctx, self.ctx.process
         ticket = Ticket(
             request_id=state.request_id,
             model=parsed.model,
             band=caller.band,
             tenant=caller.tenant,
-            seats=self.seats(parsed.model, prompt, parsed.max_tokens),
+            seats=self.seats(parsed.model, found.prompt, parsed.max_tokens),
             max_wait_s=caller.max_wait_s,
         )
         started = now_s()
-        shed_after_s = gate.config.admission.shed_low_after_ms / 1000
-        if gate.pressure.sheds(parsed.model, caller.band, started, shed_after_s):
-            gate.metrics.rejected.inc(parsed.model, "shed")
-            flow.response = shed_response(gate.pressure.pressure_s(parsed.model, started))
+        shed_after_s = ctx.config.admission.shed_low_after_ms / 1000
+        if ctx.pressure.sheds(parsed.model, caller.band, started, shed_after_s):
+            ctx.metrics.rejected.inc(parsed.model, "shed")
+            flow.response = shed_response(ctx.pressure.pressure_s(parsed.model, started))
             return
         client = flow.client_conn
         if client.timestamp_end is not None:  # left before we got here
             _kill(flow)
             return
-        section = gate.config.models.get(parsed.model, DEFAULT_MODEL)
+        section = ctx.config.models.get(parsed.model, DEFAULT_MODEL)
         placement = Placement(
-            gate,
-            ticket,
-            section,
-            lambda exclude: gate.dispatch.plan(state, parsed, caller, exclude),
-            ttft_slo_s=caller.ttft_slo_s,
+            ctx, ticket, section, lambda exclude: self.plan(found, exclude), ttft_slo_s=caller.ttft_slo_s
         )
         # No task of its own: the hook's task awaits the placement (one round trip when free), and a
-        # client that leaves meanwhile cancels that task (KvGate.client_disconnected), which the
+        # client that leaves meanwhile cancels that task (ProcessState.client_left), which the
         # placement gives everything back for; the cancellation is then taken back here.
         me = asyncio.current_task()
         if me is None:
             raise RuntimeError("the admission hook must run in a task")
-        waiting = gate.waiters.setdefault(client.id, set())
+        waiting = process.waiters.setdefault(client.id, set())
         waiting.add(me)
-        gate.queued[parsed.model] = gate.queued.get(parsed.model, 0) + 1
+        process.queued[parsed.model] = process.queued.get(parsed.model, 0) + 1
         try:
             result = await placement.run()
         except asyncio.CancelledError:
-            if me not in gate.disconnected:
+            if me not in process.disconnected:
                 raise
-            gate.disconnected.discard(me)
+            process.disconnected.discard(me)
             me.uncancel()
-            gate.metrics.rejected.inc(parsed.model, "client_gone")
+            ctx.metrics.rejected.inc(parsed.model, "client_gone")
             _kill(flow)
             return
         finally:
-            gate.disconnected.discard(me)
+            process.disconnected.discard(me)
             waiting.discard(me)
-            if not waiting and gate.waiters.get(client.id) is waiting:
-                del gate.waiters[client.id]
-            gate.queued[parsed.model] -= 1
+            if not waiting and process.waiters.get(client.id) is waiting:
+                del process.waiters[client.id]
+            process.queued[parsed.model] -= 1
         if result is None:
             flow.response = GatewayError(
                 503, "no_healthy_worker", f"no healthy worker for {parsed.model!r}", retry_after_s=1
             ).to_response()
             return
         if isinstance(result, AdmissionRejected):
-            gate.metrics.rejected.inc(parsed.model, result.reason)
+            ctx.metrics.rejected.inc(parsed.model, result.reason)
             raise_as_response(flow, result)
             return
         state.lease, state.route = result.lease, result.route
         state.queued_s = now_s() - started
-        if result.held_by:
-            state.extra["admission"] = held_record(result)
-        gate.metrics.admission_wait.observe(state.queued_s, parsed.model, state.band_name)
+        state.held = result.held()
+        ctx.metrics.admission_wait.observe(state.queued_s, parsed.model, state.band_name)
+
+    def plan(self, found: Accepted, exclude: Collection[str] = ()) -> Route | None:
+        """The policy's choice among the routable workers minus `exclude`, nothing reserved
+        (placement reserves it); None when no worker is left."""
+        parsed, caller = found.parsed, found.caller
+        workers = self.ctx.workers.routable(parsed.model)
+        if exclude:
+            workers = [w for w in workers if w.id not in exclude]
+        return self.ctx.router.choose(
+            request_id=found.state.request_id, model=parsed.model, prompt=found.prompt,
+            max_tokens=parsed.max_tokens, band=caller.band, tenant=caller.tenant, workers=workers,
+        )  # fmt: skip
 
     def seats(self, model: str, prompt: Prompt, max_tokens: int) -> int:
         """Seats by cost: uncached prompt (best prefix hit among workers) + max_tokens, in the model's
         `tokens_per_seat`; 1 when the model's quota counts requests (the default)."""
-        section = self.gate.config.models.get(model)
+        section = self.ctx.config.models.get(model)
         if section is None or not section.count_seats:
             return 1
-        hit_tokens = self.gate.router.best_hit_tokens(model, prompt)
+        hit_tokens = self.ctx.router.best_hit_tokens(model, prompt)
         return section.seats(prompt.prompt_tokens - hit_tokens, max_tokens)
-
-
-def held_record(placed: Placed) -> dict[str, object]:
-    """Which step held the request, for the decision record and the response headers."""
-    return {"held_by": placed.held_by, "reroutes": placed.reroutes, "worker_full": placed.worker_full}
 
 
 def raise_as_response(flow: http.HTTPFlow, rejected: AdmissionRejected) -> None:

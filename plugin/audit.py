@@ -5,8 +5,8 @@ the gateway or a worker that keeps requests after their lease was dropped would 
 quota silently. Every `period_s` one gateway (whoever holds a Redis `SET NX PX` lock; any gateway
 takes over when the holder dies) compares, per model:
 
-    leases held       plugin.slots.live_leases (request ids, from every gateway)
-    ids in flight     the agents' reports (agent.registry.read_workers -> inflight_ids, from the
+    leases held       store.slots.live_leases (request ids, from every gateway)
+    ids in flight     the agents' reports (store.registry.read_workers -> inflight_ids, from the
                       worker's own view of X-Request-Id, which the gateway sets to the lease's id)
 
 A mismatch counts as drift only when it is seen in two consecutive audits: reports are up to one
@@ -30,11 +30,11 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from agent import index_store, registry
-from agent.registry import WorkerRecord
 from plugin.metrics import GatewayMetrics
-from plugin.slots import live_leases
-from plugin.tasks import cancel_and_wait, spawn
+from runtime.tasks import cancel_and_wait, spawn
+from store import index_store, registry
+from store.registry import WorkerRecord
+from store.slots import live_leases
 
 logger = logging.getLogger(__name__)
 

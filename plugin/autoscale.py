@@ -28,10 +28,10 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from plugin.metrics import GatewayMetrics
-from plugin.slots import SlotPool
-from plugin.tasks import cancel_and_wait, spawn
 from policy.pressure import PressureTracker
 from policy.types import Band
+from runtime.tasks import cancel_and_wait, spawn
+from store.slots import SlotPool
 
 logger = logging.getLogger(__name__)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from runtime import compat
+
 # command words -> "module:function"; each function takes the remaining argv and returns an exit code
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("proxy",): ("plugin.launcher:main", "run the gateway (mitmdump + kvgate addon) in front of workers"),
@@ -33,6 +35,7 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    compat.install()  # every subcommand runs with the process-wide fixes (runtime/)
     args = list(sys.argv[1:] if argv is None else argv)
     for words, (target, _) in sorted(COMMANDS.items(), key=lambda kv: -len(kv[0])):
         if tuple(args[: len(words)]) == words:

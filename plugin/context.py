@@ -1,108 +1,40 @@
-"""What the gateway's child addons share: the per-flow state object and the process-wide parts.
+"""`GatewayContext`: the process-wide services a request-path part may use, passed explicitly.
 
-Every child reads and writes one typed `FlowState` in `flow.metadata[STATE]` (STYLE §7.3) instead
-of loose metadata keys. `GatewayContext` holds the parts built at start (config, Redis, slot pool,
-mirror, router, metrics, decision log) so the children are constructed once and wired in order.
+The addon (plugin/addon.py) builds the services at start and hands one frozen bundle to each part
+(intake, admission, placement, dispatch, release). A part imports this bundle and the flow types
+(plugin/flow.py), never the addon, so it can be built and tested with just the services it reads.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
 
-from mitmproxy import http
-
-from plugin.errors import openai_error
-
-if TYPE_CHECKING:
-    from plugin.auth import Caller
-    from plugin.parse import ParsedRequest
-    from plugin.routing import Route
-    from plugin.streaming import SseMeter
-
-logger = logging.getLogger(__name__)
-
-STATE = "kvgate"
+from plugin.auth import Auth
+from plugin.config import GatewayConfig
+from plugin.decision_log import DecisionLog
+from plugin.local import LocalEndpoints
+from plugin.metrics import GatewayMetrics
+from plugin.prefix_memo import PromptHasher
+from plugin.process_state import ProcessState
+from plugin.releaser import Releaser
+from plugin.routing import Router
+from plugin.workers import WorkerPool
+from policy.pressure import PressureTracker
+from store.slots import SlotPool
 
 
-@dataclass(slots=True)
-class FlowState:
-    """One completion request on its way through the gateway."""
-
-    request_id: str
-    received_at: float  # time.monotonic() when the request hook saw it
-    parsed: ParsedRequest | None = None
-    caller: Caller | None = None
-    lease: Any = None  # plugin.slots.Lease while a slot is held; popped exactly once on release
-    queued_s: float = 0.0
-    route: Route | None = None
-    meter: SseMeter | None = None
-    status: int = 0
-    error: str = ""
-    finished: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def model(self) -> str:
-        return self.parsed.model if self.parsed else ""
-
-    @property
-    def band_name(self) -> str:
-        return self.caller.band.name.lower() if self.caller else "normal"
-
-
-def state_of(flow: http.HTTPFlow) -> FlowState | None:
-    state = flow.metadata.get(STATE)
-    return state if isinstance(state, FlowState) else None
-
-
-def answered(flow: http.HTTPFlow) -> bool:
-    """True once the flow needs nothing more from request-phase children (STYLE §1 guard)."""
-    return flow.response is not None or flow.error is not None or not flow.live
-
-
-def accepted(flow: http.HTTPFlow) -> tuple[FlowState, ParsedRequest, Caller] | None:
-    """A live flow that intake parsed and authenticated, with its request and caller; None when a
-    later request-phase child has nothing to do (answered already, or not a completion request)."""
-    if answered(flow):
-        return None
-    state = state_of(flow)
-    if state is None or state.parsed is None or state.caller is None:
-        return None
-    return state, state.parsed, state.caller
-
-
-A = TypeVar("A")
-
-
-def fail_closed(
-    hook: Callable[[A, http.HTTPFlow], Awaitable[None]],
-) -> Callable[[A, http.HTTPFlow], Awaitable[None]]:
-    """mitmproxy swallows hook errors and lets the flow go on to the fallback upstream; answer 500 instead."""
-
-    @functools.wraps(hook)
-    async def wrapper(self: A, flow: http.HTTPFlow) -> None:
-        try:
-            await hook(self, flow)
-        except Exception:
-            logger.exception("%s failed", hook.__qualname__)
-            if flow.live and flow.response is None and flow.error is None:
-                flow.response = openai_error(500, "gateway_error", "internal gateway error")
-
-    return wrapper
-
-
-def put_headers(headers: http.Headers, pairs: Sequence[tuple[str, str]]) -> None:
-    """`headers[name] = value` for each (lower-case name, value), in one rebuild of the field list
-    instead of one per header (a header already present is replaced; ours go last)."""
-    new = tuple((name.encode(), value.encode("utf-8", "surrogateescape")) for name, value in pairs)
-    names = {name for name, _ in new}
-    headers.fields = tuple(f for f in headers.fields if f[0].lower() not in names) + new
-
-
-def now_s() -> float:
-    return time.monotonic()
+@dataclass(frozen=True, slots=True)
+class GatewayContext:
+    gateway_id: str
+    config: GatewayConfig
+    auth: Auth  # the caller of a request: tenant, band, wait budget
+    metrics: GatewayMetrics
+    workers: WorkerPool  # routable workers per model (the mirror minus refusing workers)
+    router: Router  # the routing choice and this gateway's load accounting
+    hasher: PromptHasher  # prefix hashes (shared prefixes hashed once)
+    pool: SlotPool  # global admission: seats, queues, placement on a worker
+    releaser: Releaser  # leases given back by the flows, sent in batches
+    pressure: PressureTracker  # sheds low priority under sustained pressure
+    decisions: DecisionLog  # one record per finished request
+    process: ProcessState  # draining; who waits for admission
+    local: LocalEndpoints  # /v1/models, /healthz, /metrics

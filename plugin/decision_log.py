@@ -2,7 +2,7 @@
 
 Records are queued in memory on the hot path and written by one background task, batched into one
 pipeline of `XADD kvg:decisions MAXLEN ~ N * record <json>` per flush (one write on the gateway's
-lean connection, plugin/resp.py: redis-py's pipeline costs several times more CPU per record), so
+lean connection, store/resp.py: redis-py's pipeline costs several times more CPU per record), so
 logging never adds a Redis round trip to a request. Optionally each record also goes to the Python
 log (logger `plugin.decision_log`).
 """
@@ -17,8 +17,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from plugin.resp import RespChannel
-from plugin.tasks import cancel_and_wait, spawn
+from runtime.tasks import cancel_and_wait, spawn
+from store.resp import RespChannel
 
 logger = logging.getLogger(__name__)
 
@@ -99,8 +99,8 @@ class DecisionLog:
 async def read_recent(redis: aioredis.Redis, count: int = 100) -> list[dict[str, Any]]:
     """The newest records, newest first (for tests and operators)."""
     out = []
-    for _, fields in await redis.xrevrange(STREAM_KEY, count=count):
-        raw = {_text(k): _text(v) for k, v in fields.items()}
+    for _, fields in await redis.xrevrange(STREAM_KEY, count=count) or []:
+        raw = {_text(k): _text(v) for k, v in (fields or {}).items()}
         out.append(json.loads(raw["record"]) if "record" in raw else raw)
     return out
 

@@ -2,7 +2,7 @@
 
     kvgate drain WORKER_ID [--model M] [--redis URL] [--wait] [--timeout-s N] [--cancel]
 
-Sets the worker's `draining` flag in the registry (agent/registry.py); every gateway stops routing to
+Sets the worker's `draining` flag in the registry (store/registry.py); every gateway stops routing to
 it within its mirror refresh. The worker's agent keeps renewing its lease while requests finish, then
 deregisters it and exits. With `--wait` this command prints the in-flight count (running + waiting as
 the worker reports it, and the in-flight ids when the worker reports them) whenever it changes, and
@@ -24,8 +24,9 @@ import time
 
 import redis.asyncio as aioredis
 
-from agent import registry
-from agent.registry import WorkerRecord
+from runtime import compat
+from store import registry
+from store.registry import WorkerRecord
 
 
 def wall_ms() -> int:
@@ -117,6 +118,7 @@ async def drain(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    compat.install()
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if not args.redis:
         print("kvgate drain: --redis (or KVGATE_REDIS_URL) is required", file=sys.stderr)

@@ -118,5 +118,5 @@ def install_json_protocol_errors() -> bool:
 
     if not callable(getattr(_http1, "make_error_response", None)):
         return False
-    _http1.make_error_response = json_protocol_error  # type: ignore[assignment]
+    _http1.make_error_response = json_protocol_error
     return True

@@ -1,4 +1,4 @@
-"""Request intake, the first child on every request: answer local endpoints, refuse bad requests.
+"""Request intake, the first part on every request: answer local endpoints, refuse bad requests.
 
 In order: the path (404 JSON for anything kvgate does not serve), the gateway's own endpoints
 (/v1/models, /healthz, /metrics), drain (503), the caller (tenant from the API key → 401; band and
@@ -10,16 +10,14 @@ OpenAI requests). A refused request never reaches admission, routing or the fall
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
 
 from mitmproxy import http
 
-from plugin.context import STATE, FlowState, answered, fail_closed, now_s
+from plugin.context import GatewayContext
+from plugin.endpoints import route_for
 from plugin.errors import GatewayError
-from plugin.parse import parse_completion, route_for
-
-if TYPE_CHECKING:
-    from plugin.addon import KvGate
+from plugin.flow import STATE, FlowState, answered, fail_closed, now_s
+from plugin.parse import parse_completion
 
 
 class HeaderMap(dict[str, str]):
@@ -41,54 +39,59 @@ class HeaderMap(dict[str, str]):
 
 
 class Intake:
-    """Child addon: parse, authenticate and validate; serve the local endpoints."""
+    """Request-path part: parse, authenticate and validate; serve the local endpoints."""
 
-    def __init__(self, gate: KvGate) -> None:
-        self.gate = gate
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
 
     @fail_closed
     async def request(self, flow: http.HTTPFlow) -> None:
         if answered(flow):
             return
-        gate = self.gate
+        ctx = self.ctx
         request = flow.request
         try:
             endpoint = route_for(request.method, request.path)
         except GatewayError as e:
-            gate.metrics.local.inc("unknown")
+            ctx.metrics.local.inc("unknown")
             flow.response = e.to_response()
             return
-        if endpoint not in ("chat", "completions"):
-            gate.metrics.local.inc(endpoint)
-            flow.response = await gate.serve_local(endpoint)
+        if isinstance(endpoint, str):  # the gateway's own: /v1/models, /healthz, /metrics
+            ctx.metrics.local.inc(endpoint)
+            flow.response = await ctx.local.serve(endpoint)
             return
         headers = HeaderMap.of(request.headers)
         state = FlowState(request_id=headers.get("x-request-id") or uuid.uuid4().hex, received_at=now_s())
         flow.metadata[STATE] = state
         try:
-            if gate.draining:
+            if ctx.process.draining:
                 raise GatewayError(
                     503, "draining", "the gateway is shutting down; retry elsewhere", retry_after_s=1
                 )
-            state.caller = gate.auth.caller(headers)
-            parsed = parse_completion(endpoint, request.content or b"", gate.config.limits)
+            state.caller = ctx.auth.caller(headers)
+            parsed = parse_completion(endpoint, request.content or b"", ctx.config.limits)
             state.parsed = parsed
-            if not gate.mirror_workers(parsed.model):
+            if not ctx.workers.known(parsed.model):
                 raise GatewayError(
                     404, "model_not_found", f"no worker serves model {parsed.model!r}", param="model"
                 )
-            if not gate.routable(parsed.model):
+            if not ctx.workers.routable(parsed.model):
                 raise GatewayError(
                     503, "no_healthy_worker", f"no healthy worker for {parsed.model!r}", retry_after_s=1
                 )
             try:
-                prompt = gate.hasher.hash_prompt(parsed.body, parsed.model, gate.config.routing.chunk_chars)
+                text = endpoint.prefix_text(parsed.body)
+                prompt = ctx.hasher.hash_text(text, parsed.model, ctx.config.routing.chunk_chars)
             except ValueError as e:
                 raise GatewayError(400, "invalid_request", str(e)) from None
-            if gate.router.is_exact(parsed.model):  # token ids from a worker; this prompt if none
-                prompt = await gate.router.exact_prompt(
-                    parsed.body, parsed.model, prompt, gate.routable(parsed.model)
+            if ctx.router.is_exact(parsed.model):  # token ids from a worker; this prompt if none
+                prompt = await ctx.router.exact_prompt(
+                    parsed.body,
+                    parsed.model,
+                    prompt,
+                    ctx.workers.routable(parsed.model),
+                    request_for=endpoint.tokenize_request,
                 )
-            state.extra["prompt"] = prompt
+            state.prompt = prompt
         except GatewayError as e:
             flow.response = e.to_response()

@@ -27,6 +27,7 @@ from mitmproxy.tools.main import run
 from plugin.addon import KvGate
 from plugin.config import ConfigError, load_config
 from plugin.lean_chain import drop_idle_addons
+from runtime import compat
 
 FALLBACK_UPSTREAM = "http://127.0.0.1:1"  # never used: every request is answered or rerouted
 IDLE_TIMEOUT_S = 3600
@@ -102,6 +103,7 @@ def mitmdump_args(args: argparse.Namespace, confdir: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    compat.install()
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         load_config(args.config)

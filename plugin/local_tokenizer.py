@@ -18,9 +18,11 @@ only whole words, or match normalized text, or whose pre-tokenizer depends on th
 input (Metaspace `prepend_scheme = "first"`), is not cut: its prompts are encoded whole (exact, not
 incremental).
 
-Event loop: `blocks_async` runs on the loop; new pieces are encoded in one `encode_batch` call in a
-worker thread (it releases the GIL), and long runs of new blocks are hashed in slices with a yield in
-between, so a cold 32k-token prompt does not hold up other flows (measured: `kvgate bench tokenize`).
+Event loop: `blocks_async` runs on the loop; new pieces shorter than 16k characters are encoded on
+the loop a few at a time with a yield in between, longer ones in a worker thread (`encode_batch`
+releases the GIL while it works), and long runs of new blocks are hashed in slices with a yield in
+between, so that a cold 32k-token prompt holds up other flows as little as possible (measured:
+`kvgate bench tokenize`, docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from plugin.chat_template import TemplateError, compile_template, render, specia
 from policy.prefix import token_block_hashes
 
 HASH_SLICE_BLOCKS = 256  # blocks hashed between two yields to the loop (~0.3-1 ms)
-THREAD_MIN_CHARS = 16_384  # new text shorter than this (~4k tokens, ~1.5 ms) is encoded on the loop
+THREAD_MIN_CHARS = 16_384  # a new piece this long (~4k tokens, >1.5 ms) is encoded in a worker thread
+LOOP_SLICE_CHARS = 4096  # shorter new pieces are encoded on the loop, this much text between yields
 
 
 class LocalTokenizerError(ValueError):
@@ -155,12 +158,20 @@ class LocalTokenizer:
         """Token-block hashes of a request (policy.prefix.token_block_hashes of its ids)."""
         text, special = self.prompt_text(body)
         plan = self._plan(text, special, block_size)
-        if plan.new:
-            if sum(map(len, plan.new)) >= THREAD_MIN_CHARS:
-                encoded = await asyncio.to_thread(self._encode, plan.new, special)
-            else:
-                encoded = self._encode(plan.new, special)
-            self._remember(plan, encoded)
+        big = [p for p in plan.new if len(p) >= THREAD_MIN_CHARS]
+        small = [p for p in plan.new if len(p) < THREAD_MIN_CHARS]
+        if big:  # one long piece cannot be sliced: off the loop
+            plan.fresh.update(
+                zip(big, map(tuple, await asyncio.to_thread(self._encode, big, special)), strict=True)
+            )
+        batch: list[str] = []
+        for piece in small:  # short pieces on the loop, a yield after every ~LOOP_SLICE_CHARS
+            batch.append(piece)
+            if sum(map(len, batch)) >= LOOP_SLICE_CHARS or piece is small[-1]:
+                plan.fresh.update(zip(batch, map(tuple, self._encode(batch, special)), strict=True))
+                batch = []
+                await asyncio.sleep(0)
+        self._remember(plan)
         out: LocalBlocks | None = None
         for out in self._extend(plan, model, block_size):
             if out is None:
@@ -173,7 +184,8 @@ class LocalTokenizer:
         text, special = self.prompt_text(body)
         plan = self._plan(text, special, block_size)
         if plan.new:
-            self._remember(plan, self._encode(plan.new, special))
+            plan.fresh.update(zip(plan.new, map(tuple, self._encode(plan.new, special)), strict=True))
+            self._remember(plan)
         out = None
         for out in self._extend(plan, model, block_size):  # noqa: B007 - the last value is the result
             pass
@@ -184,11 +196,10 @@ class LocalTokenizer:
         """One encode_batch call (it releases the GIL, plain encode does not)."""
         return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=special)]
 
-    def _remember(self, plan: _Plan, encoded: Sequence[list[int]]) -> None:
-        for text, ids in zip(plan.new, encoded, strict=True):
-            plan.fresh[text] = tuple(ids)
-            if plan.keys[0] is not None:  # incremental: pieces are worth keeping
-                self._pieces[text] = tuple(ids)
+    def _remember(self, plan: _Plan) -> None:
+        if plan.keys[0] is not None:  # incremental: pieces are worth keeping
+            for text in plan.new:
+                self._pieces[text] = plan.fresh[text]
 
     def _plan(self, text: str, special: bool, block_size: int) -> _Plan:
         """Cut `text`, find the longest cached chain, and list the pieces after it still to encode."""
@@ -198,7 +209,7 @@ class LocalTokenizer:
         pieces = [p for p in self._cut.split(text) if p]
         # key of the text up to each cut: a chain of Python's (SipHash) str hashes, with the length
         # checked on a hit; the pieces' hashes are cached on the str objects for the lookups below
-        keys: list[tuple[int, int] | None] = []
+        keys: list[tuple[int, int]] = []
         key, length = 0, 0
         for piece in pieces:
             length += len(piece)
@@ -212,7 +223,7 @@ class LocalTokenizer:
                 break
         rest = pieces[start:]
         new = [p for p in dict.fromkeys(rest) if p not in self._pieces and not self._is_added(p)]
-        return _Plan(rest, keys[start:], chain, new)
+        return _Plan(rest, list(keys[start:]), chain, new)
 
     def _is_added(self, piece: str) -> bool:
         return self._cut is not None and self._cut.fullmatch(piece) is not None
@@ -228,10 +239,12 @@ class LocalTokenizer:
         c = plan.chain
         if c is None:
             hashes: list[int] = []
-            last, pending, tokens = _seed(model), (), 0
+            pending: tuple[int, ...] = ()
+            last, tokens = _seed(model), 0
         else:  # append in place while this chain is the list's end, else branch off a copy
             hashes = c.hashes if len(c.hashes) == c.n else c.hashes[: c.n]
-            last, pending, tokens = c.last, c.pending, c.tokens
+            last, tokens = c.last, c.tokens
+            pending = c.pending
         cached = tokens
         step = 4 * block_size
         since_yield = 0

@@ -2,10 +2,10 @@
 
 Routing reads only this mirror, so a routing decision costs no Redis round trip (DESIGN.md hot
 path). Two kinds of background task keep it fresh:
-  * a refresh loop reads every model's registry (`agent.registry.read_workers`, one round trip per
+  * a refresh loop reads every model's registry (`store.registry.read_workers`, one round trip per
     model) every `refresh_ms`;
   * per model, an index tail loads a snapshot of the prefix index once, then follows its log stream
-    (`agent.index_store.tail`, blocking XREAD) and hands each batch of ops to `on_index_ops`.
+    (`store.index_store.tail`, blocking XREAD) and hands each batch of ops to `on_index_ops`.
 A worker whose epoch changed (restart, cache reset) or that left is reported through
 `on_worker_reset` so its index entries are dropped.
 """
@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from agent import index_store, registry
-from agent.registry import WorkerRecord
-from plugin.tasks import cancel_and_wait, spawn
+from runtime.tasks import cancel_and_wait, spawn
+from store import index_store, registry
+from store.registry import WorkerRecord
 
 logger = logging.getLogger(__name__)
 

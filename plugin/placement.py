@@ -30,15 +30,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from plugin.context import now_s
-from plugin.slots import AdmissionRejected, Lease, SloUnreachable, Ticket, WaitBudgetExceeded, WorkerFull
-
-if TYPE_CHECKING:
-    from plugin.addon import KvGate
-    from plugin.config import ModelSection
-    from plugin.routing import Route
+from plugin.config import ModelSection
+from plugin.context import GatewayContext
+from plugin.flow import Held, Route, now_s
+from store.slots import AdmissionRejected, Lease, SloUnreachable, Ticket, WaitBudgetExceeded, WorkerFull
 
 WORKER_RECHECK_S = 0.5  # re-check period while waiting for a worker (places freed by expired leases)
 
@@ -53,27 +49,31 @@ class Placed:
     reroutes: int  # workers tried after a full one
     worker_full: int  # workers that turned the request down
 
+    def held(self) -> Held | None:
+        """Which step held the request (None: placed at once on the first choice)."""
+        return Held(self.held_by, self.reroutes, self.worker_full) if self.held_by else None
+
 
 class Placement:
     """One request's way through both steps; `run()` once."""
 
     def __init__(
         self,
-        gate: KvGate,
+        ctx: GatewayContext,
         ticket: Ticket,
         section: ModelSection,
         plan: Callable[[Collection[str]], Route | None],
         ttft_slo_s: float | None = None,
     ) -> None:
-        self.gate = gate
+        self.ctx = ctx
         self.ticket = ticket
         self.ttft_slo_s = ttft_slo_s
-        self.plan = plan  # the routing choice without some workers (plugin/routing.py Dispatch.plan)
+        self.plan = plan  # the routing choice without some workers, nothing reserved (Router.choose)
         self.reroute = section.on_worker_full == "reroute"
         self.attempts = section.reroute_attempts if self.reroute else 0
         self.deadline = now_s() + ticket.max_wait_s
         self.lease: Lease | None = None  # held, not yet handed to the flow
-        self.route: Route | None = None  # reserved, not yet handed to the flow
+        self.route: Route | None = None  # reserved (Router.reserve), not yet handed to the flow
         self.held_by = ""
         self.reroutes = 0
         self.full = 0
@@ -93,7 +93,7 @@ class Placement:
         return result
 
     async def _run(self) -> Placed | None:
-        pool, ticket = self.gate.pool, self.ticket
+        pool, ticket = self.ctx.pool, self.ticket
         tried: list[str] = []
         first = route = self._plan(tried)
         if first is not None and self.ttft_slo_s is not None:
@@ -148,7 +148,7 @@ class Placement:
             if route.worker.max_concurrency <= 0:  # capacity unknown: no step two
                 return self._done(lease, route)
             try:
-                self.lease = lease = await self.gate.pool.place(lease, route.worker.id)
+                self.lease = lease = await self.ctx.pool.place(lease, route.worker.id)
             except WorkerFull:
                 tried.append(self._turned_down(route))
                 route = self._next(tried)
@@ -163,13 +163,13 @@ class Placement:
         `target` leaves the pool) the routing choice among the workers not found full since the last
         sign of room, so whichever worker has or gets a free place takes the request. A round of
         tries is bounded by `reroute_attempts` + 1; then it waits for the next sign."""
-        pool, model = self.gate.pool, self.ticket.model
+        pool, model = self.ctx.pool, self.ticket.model
         full = list(found_full)  # workers found full in this round
         signal = pool.room_signal(model)  # before trying: a release meanwhile is not missed
         if self.reroute and full and (chosen := self._choose(full)) is not None:
             target = chosen  # a worker not tried yet
         while True:
-            if all(w.id != target.worker.id for w in self.gate.routable(model)):
+            if all(w.id != target.worker.id for w in self.ctx.workers.routable(model)):
                 full.clear()
                 if (chosen := self._choose(full)) is None:
                     return None
@@ -179,7 +179,7 @@ class Placement:
             except WorkerFull:
                 full.append(target.worker.id)
             else:
-                self.gate.router.reserve(target)
+                self.ctx.router.reserve(target)
                 self.route = target
                 return self._done(lease, target)
             if self.reroute and len(full) <= self.attempts and (chosen := self._choose(full)) is not None:
@@ -198,15 +198,15 @@ class Placement:
                 target = chosen
 
     def _choose(self, exclude: Collection[str]) -> Route | None:
-        """The routing choice without `exclude`, its reservation given back (taken again once placed)."""
-        chosen = self.plan(exclude)
-        if chosen is not None:
-            self.gate.router.finished(chosen)
-        return chosen
+        """The routing choice without `exclude`, not reserved (reserved once placed)."""
+        return self.plan(exclude)
 
     # -- helpers -------------------------------------------------------------------------------------
     def _plan(self, exclude: Collection[str]) -> Route | None:
+        """The routing choice without `exclude`, reserved at once (concurrent decisions see its load)."""
         self.route = self.plan(exclude)
+        if self.route is not None:
+            self.ctx.router.reserve(self.route)
         return self.route
 
     def _next(self, tried: list[str]) -> Route | None:
@@ -223,21 +223,21 @@ class Placement:
         self._unreserve()
         self.held_by = "worker"
         self.full += 1
-        self.gate.metrics.worker_full.inc(route.model, route.worker.id)
+        self.ctx.metrics.worker_full.inc(route.model, route.worker.id)
         return route.worker.id
 
     def _unreserve(self) -> None:
         if self.route is not None:
-            self.gate.router.finished(self.route)
+            self.ctx.router.finished(self.route)
             self.route = None
 
     def _done(self, lease: Lease, route: Route) -> Placed:
-        self.gate.router.record(route)
+        self.ctx.router.record(route)
         self.lease = self.route = None  # the flow owns them now (released by plugin/release.py)
         return Placed(lease, route, self.held_by, self.reroutes, self.full)
 
     def _give_back(self) -> None:
         self._unreserve()
         if self.lease is not None:
-            self.gate.release_lease(self.lease)
+            self.ctx.releaser.release(self.lease)
             self.lease = None

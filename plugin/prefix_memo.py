@@ -1,6 +1,6 @@
 """Prefix hashing with the hash chain memoized, so a prefix many requests share is hashed once.
 
-`PromptHasher.hash_prompt` returns exactly what `plugin.routing.hash_prompt` does (policy.prefix's
+`PromptHasher.hash_prompt` returns exactly what `hash_prompt` below does (policy.prefix's
 canonical text cut into `chunk_chars` chunks, hash_i = blake2b(hash_{i-1} ‖ chunk_i); the property
 test in tests/property/test_prefix_memo.py holds them equal) but keeps each step's input bytes ->
 digest in a bounded dict. A step seen before (a shared system prompt, a conversation's history)
@@ -18,10 +18,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
 
-from plugin.routing import CHARS_PER_TOKEN, Prompt
-from policy.prefix import DEFAULT_MAX_BLOCKS, _seed, canonical_text
+from plugin.flow import Prompt
+from policy.prefix import CHARS_PER_TOKEN, DEFAULT_MAX_BLOCKS, _seed, canonical_text, text_block_hashes
 
 RecentKey = tuple[str, int, str]
+
+
+def hash_prompt(body: Mapping[str, object], model: str, chunk_chars: int) -> Prompt:
+    """Canonicalize and hash, without a memo; ValueError (-> 400) for shapes that are not OpenAI requests."""
+    text = canonical_text(body)
+    hashes, tokens = text_block_hashes(text, model=model, chunk_chars=chunk_chars)
+    return Prompt(hashes, tokens, max(1, len(text) // CHARS_PER_TOKEN))
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +56,10 @@ class PromptHasher:
 
     def hash_prompt(self, body: Mapping[str, object], model: str, chunk_chars: int) -> Prompt:
         """Canonicalize and hash; ValueError (-> 400) for shapes that are not OpenAI requests."""
-        text = canonical_text(body)
+        return self.hash_text(canonical_text(body), model, chunk_chars)
+
+    def hash_text(self, text: str, model: str, chunk_chars: int) -> Prompt:
+        """Hash a request's canonical text (its endpoint's `prefix_text`)."""
         hashes, tokens = self.block_hashes(text, model=model, chunk_chars=chunk_chars)
         return Prompt(hashes, tokens, max(1, len(text) // CHARS_PER_TOKEN))
 

@@ -20,8 +20,8 @@ from redis.exceptions import RedisError
 
 from plugin.config import GatewayConfig, ModelSection
 from plugin.mirror import ClusterMirror, wall_ms
-from plugin.slots import set_quota
 from policy.admission import Quota, default_quota
+from store.slots import set_quota
 
 logger = logging.getLogger(__name__)
 

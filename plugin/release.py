@@ -12,54 +12,48 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mitmproxy import http
 
-from plugin.context import FlowState, put_headers, state_of
-from plugin.streaming import SseMeter, meter_json_body
-
-if TYPE_CHECKING:
-    from plugin.addon import KvGate
+from plugin.context import GatewayContext
+from plugin.flow import NOT_HELD, FlowState, put_headers, state_of
+from plugin.streaming import SseMeter, Usage
 
 logger = logging.getLogger(__name__)
-
-NOT_HELD = {"held_by": None, "reroutes": 0, "worker_full": 0}  # admitted at once on the first choice
 CONNECT_FAILURE_MARKERS = ("connect", "refused", "unreachable", "name or service")
 
 
 class Release:
-    """Child addon: metering, response headers, slot release, outcome record."""
+    """Response-path part: metering, response headers, slot release, outcome record."""
 
-    def __init__(self, gate: KvGate) -> None:
-        self.gate = gate
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         state = state_of(flow)
         response = flow.response
         if state is None or response is None:
             return
-        if self.gate.config.gateway.response_headers:
+        if self.ctx.config.gateway.response_headers:
             ours: list[tuple[str, str]] = []
             if state.route is not None:
                 ours.append(("x-kvgate-worker", state.route.worker.id))
             if state.lease is not None or state.queued_s:
                 ours.append(("x-kvgate-queued-ms", str(round(state.queued_s * 1000))))
-            if (held := state.extra.get("admission")) is not None:  # which admission step held it
-                ours.append(("x-kvgate-held-by", held["held_by"]))
-                ours.append(("x-kvgate-reroutes", str(held["reroutes"])))
+            if (held := state.held) is not None:  # which admission step held it
+                ours.append(("x-kvgate-held-by", held.held_by))
+                ours.append(("x-kvgate-reroutes", str(held.reroutes)))
             ours.append(("x-kvgate-request-id", state.request_id))
             put_headers(response.headers, ours)
         if state.route is None:
             return  # answered locally
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             parsed = state.parsed
-            strip = bool(
-                parsed and parsed.stream and not parsed.include_usage and state.extra.get("usage_added")
-            )
+            strip = bool(parsed and parsed.stream and not parsed.include_usage and state.usage_requested)
             route = state.route
             state.meter = SseMeter(
-                strip_usage=strip, on_first_event=lambda: self.gate.router.first_token(route)
+                strip_usage=strip, on_first_event=lambda: self.ctx.router.first_token(route)
             )
             response.stream = state.meter
 
@@ -77,7 +71,7 @@ class Release:
         message = flow.error.msg if flow.error else "error"
         refused = any(marker in message.lower() for marker in CONNECT_FAILURE_MARKERS)
         if state.route is not None and flow.response is None and refused:
-            self.gate.router_suspect(state.route)
+            self.ctx.workers.suspect(state.route)
         lowered = message.lower()
         gone = "client disconnected" in lowered or (state.route is None and "killed" in lowered)
         status = 499 if gone else 502  # 499: the client left (nginx's convention)
@@ -88,12 +82,12 @@ class Release:
         if state.finished:
             return
         state.finished = True
+        ctx = self.ctx
         state.status, state.error = status, error
         lease, state.lease = state.lease, None
         if lease is not None:
-            self.gate.release_lease(lease)
-        gate = self.gate
-        metrics = gate.metrics
+            ctx.releaser.release(lease)
+        metrics = ctx.metrics
         model, band = state.model, state.band_name  # model "" when refused before parsing
         metrics.requests.inc(model, band, str(status))
         if state.parsed is None:
@@ -101,17 +95,18 @@ class Release:
         route = state.route
         if route is None:
             return
-        gate.router.finished(route)
+        ctx.router.finished(route)
+        usage: Usage | None
         if state.meter is not None:
             usage = state.meter.finish()
         elif flow.response is not None and status < 400:
             content = flow.response.content  # decoded on every access: once
-            usage = meter_json_body(content) if content is not None else None
+            usage = state.parsed.endpoint.meter_body(content) if content is not None else None
         else:
             usage = None
         record: dict[str, Any] = {
             "request_id": state.request_id,
-            "gateway": gate.gateway_id,
+            "gateway": ctx.gateway_id,
             "model": model,
             "tenant": state.caller.tenant if state.caller else "",
             "band": band,
@@ -124,7 +119,7 @@ class Release:
             "status": status,
             "error": error,
             "latency_ms": round((time.monotonic() - state.received_at) * 1000, 3),
-            **state.extra.get("admission", NOT_HELD),
+            **(state.held.record() if state.held is not None else NOT_HELD),
         }
         if usage is not None:
             if usage.first_token_at is not None:
@@ -140,4 +135,4 @@ class Release:
             if usage.cached_tokens is not None:
                 record["cached_tokens"] = usage.cached_tokens
                 metrics.cached_tokens.inc(model, by=usage.cached_tokens)
-        gate.decisions.record(record)
+        ctx.decisions.record(record)

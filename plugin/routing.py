@@ -22,45 +22,37 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import random
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
-from mitmproxy import http
 from redis.exceptions import RedisError
 
-from agent import index_store
-from agent.registry import WorkerRecord
 from plugin.config import ConfigError, RoutingSection
-from plugin.context import accepted, fail_closed
-from plugin.errors import GatewayError
+from plugin.flow import Prompt, Route, Upstream
 from plugin.local_tokenizer import LocalTokenizer, LocalTokenizerError
-from plugin.tasks import cancel_and_wait, spawn
-from plugin.tokenize import TokenizeFailed, Tokenizer
+from plugin.tokenize import TokenizeFailed, Tokenizer, TokenizeRequest, tokenize_request
+from policy.baselines import least_loaded, round_robin
 from policy.config import RoutingConfig
 from policy.index import PrefixIndex
 from policy.kvgate import build_policy
-from policy.prefix import canonical_text, text_block_hashes
+from policy.prefix import CHARS_PER_TOKEN
 from policy.state import RoutingState
 from policy.types import Band, Decision, RequestView, WorkerView
+from runtime.tasks import cancel_and_wait, spawn
+from store import index_store
+from store.registry import WorkerRecord
 
 if TYPE_CHECKING:
-    from plugin.addon import KvGate
-    from plugin.auth import Caller
-    from plugin.context import FlowState
     from plugin.metrics import GatewayMetrics
-    from plugin.parse import ParsedRequest
 
 logger = logging.getLogger(__name__)
 
-CHARS_PER_TOKEN = 4
 REPUBLISH_S = 10.0  # a block this gateway published for a worker is not written again this soon
 PUBLISHED_MAX = 100_000  # per worker, bounded memory for that bookkeeping
 DEFAULT_CAPACITY_TOKENS = 1_000_000  # a worker that did not report its KV size
@@ -69,42 +61,6 @@ DEFAULT_BLOCK_SIZE = 16  # exact mode, when neither the config nor the agents gi
 # in every gateway's mirror reading it back, so at 20 ms they cost ~0.15 ms per request at ~170 req/s;
 # other gateways learn a placement up to this much later.
 INDEX_BATCH_S = 0.1
-
-
-@dataclass(frozen=True, slots=True)
-class Upstream:
-    scheme: str
-    host: str
-    port: int
-
-
-@dataclass(slots=True)
-class Route:
-    """Where one request goes, and why."""
-
-    model: str
-    worker: WorkerRecord
-    upstream: Upstream
-    decision: Decision
-    view: RequestView
-    first_token_seen: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Prompt:
-    """A request's prefix, hashed once before admission (so a 400 for a bad shape comes first)."""
-
-    hashes: tuple[int, ...]
-    block_tokens: tuple[int, ...]
-    prompt_tokens: int
-    exact: bool = False  # token-block hashes (exact mode), else text-chunk hashes
-
-
-def hash_prompt(body: dict[str, object], model: str, chunk_chars: int) -> Prompt:
-    """Canonicalize and hash; ValueError (-> 400) for shapes that are not OpenAI requests."""
-    text = canonical_text(body)
-    hashes, tokens = text_block_hashes(text, model=model, chunk_chars=chunk_chars)
-    return Prompt(hashes, tokens, max(1, len(text) // CHARS_PER_TOKEN))
 
 
 def parse_upstream(url: str, default_scheme: str = "http") -> Upstream:
@@ -224,14 +180,19 @@ class Router:
 
     # -- exact mode: token ids before admission ------------------------------------------------------
     async def exact_prompt(
-        self, body: dict[str, object], model: str, fallback: Prompt, workers: Sequence[WorkerRecord]
+        self,
+        body: dict[str, object],
+        model: str,
+        fallback: Prompt,
+        workers: Sequence[WorkerRecord],
+        request_for: Callable[[Mapping[str, object], str], TokenizeRequest] = tokenize_request,
     ) -> Prompt:
         """The request's token-block hashes (exact mode), or `fallback` (its approximate hashes) when
         no token ids could be had; the fallback is counted in kvgate_prefix_fallbacks_total."""
         started = time.monotonic()
         try:
             blocks, source = await self.tokenizer.blocks(
-                body, model, workers, self.block_size(model, workers)
+                body, model, workers, self.block_size(model, workers), request_for
             )
         except TokenizeFailed as e:
             logger.debug("exact prefix of a %s request: %s; approximate instead", model, e)
@@ -257,7 +218,7 @@ class Router:
         return block
 
     # -- the decision (hot path: memory only) --------------------------------------------------------
-    def route(
+    def choose(
         self,
         *,
         request_id: str,
@@ -267,13 +228,12 @@ class Router:
         band: Band,
         tenant: str,
         workers: Sequence[WorkerRecord],
-        record: bool = True,
     ) -> Route | None:
         """The route for a request among routable `workers`, or None if the policy rejects them all.
 
-        The route's load is reserved at once (so concurrent decisions see it); with `record=False` the
-        routing history (index, stickiness) is written only by `record()`, once the request is placed
-        (two-step admission may turn the worker down: `finished()` then gives the reservation back)."""
+        No side effect on this gateway's accounting: `reserve()` counts the route's load (so concurrent
+        decisions see it) and `record()` writes the routing history (index, stickiness) once the
+        request is placed."""
         if not workers:
             return None
         now = time.monotonic()
@@ -288,9 +248,26 @@ class Router:
         if decision.worker is None:
             return None
         worker = next(w for w in workers if w.id == decision.worker)
-        route = Route(model, worker, self.upstream(worker.url), decision, view)
-        self.reserve(route)
-        if record:
+        return Route(model, worker, self.upstream(worker.url), decision, view)
+
+    def route(
+        self,
+        *,
+        request_id: str,
+        model: str,
+        prompt: Prompt,
+        max_tokens: int,
+        band: Band,
+        tenant: str,
+        workers: Sequence[WorkerRecord],
+    ) -> Route | None:
+        """`choose()`, then `reserve()` and `record()` the choice (a request placed at once)."""
+        route = self.choose(
+            request_id=request_id, model=model, prompt=prompt, max_tokens=max_tokens, band=band,
+            tenant=tenant, workers=workers,
+        )  # fmt: skip
+        if route is not None:
+            self.reserve(route)
             self.record(route)
         return route
 
@@ -322,11 +299,11 @@ class Router:
     def _decide(self, view: RequestView, views: list[WorkerView], now: float) -> Decision:
         policy = self.section.policy
         if policy == "round_robin":
-            pick = views[next(self._round_robin) % len(views)]
-            return Decision(pick.id, "round robin")
+            return Decision(round_robin([w.id for w in views], next(self._round_robin)), "round robin")
         if policy == "least_loaded":
-            pick = min(views, key=lambda w: (w.inflight + w.waiting, self.rng.random()))
-            return Decision(pick.id, "least loaded")
+            load = {w.id: float(w.inflight + w.waiting) for w in views}
+            pick = least_loaded(list(load), load.__getitem__, lambda _: self.rng.random())
+            return Decision(pick, "least loaded")
         return self.policy.decide(view, views, self.rng, now)
 
     def upstream(self, url: str) -> Upstream:
@@ -414,59 +391,3 @@ class Router:
                     await index_store.add_blocks(self.redis, model, worker, unique, now_ms, capacity)
                 except (RedisError, OSError) as e:
                     logger.warning("index write for %s/%s failed: %s", model, worker, e)
-
-
-class Dispatch:
-    """Child addon: point the admitted request at its worker. The worker is chosen before admission
-    (two-step admission, plugin/admit.py calls `plan()`), so the slot check can include its capacity."""
-
-    def __init__(self, gate: KvGate) -> None:
-        self.gate = gate
-
-    def plan(
-        self, state: FlowState, parsed: ParsedRequest, caller: Caller, exclude: Collection[str] = ()
-    ) -> Route | None:
-        """The policy's choice among the routable workers minus `exclude` (load reserved, history
-        recorded by `Router.record` once placed); None when no worker is left."""
-        gate = self.gate
-        workers = gate.routable(parsed.model)
-        if exclude:
-            workers = [w for w in workers if w.id not in exclude]
-        return gate.router.route(
-            request_id=state.request_id, model=parsed.model, prompt=state.extra["prompt"],
-            max_tokens=parsed.max_tokens, band=caller.band, tenant=caller.tenant, workers=workers,
-            record=False,
-        )  # fmt: skip
-
-    @fail_closed
-    async def request(self, flow: http.HTTPFlow) -> None:
-        if (found := accepted(flow)) is None:
-            return
-        state, parsed, _ = found
-        gate = self.gate
-        route = state.route  # chosen and placed by admission
-        if route is None:
-            flow.response = GatewayError(
-                503, "no_healthy_worker", f"no healthy worker for {parsed.model!r}", retry_after_s=1
-            ).to_response()
-            return
-        request = flow.request
-        up = route.upstream
-        # the host and port setters each rebuild Host/authority: set the host plainly and let the port
-        # setter (the last one) rebuild them once, to the same end state
-        request.scheme, request.data.host, request.port = up.scheme, up.host, up.port
-        request.headers["x-request-id"] = state.request_id
-        if parsed.stream and not parsed.include_usage and gate.config.streaming.collect_usage:
-            request.content = with_usage_requested(request.content or b"", parsed.body)
-            state.extra["usage_added"] = True
-        kind = "hit" if route.view.prefix_hits.get(route.worker.id, 0) else "miss"
-        gate.metrics.routed.inc(parsed.model, route.worker.id, kind)
-
-
-def with_usage_requested(raw: bytes, body: dict[str, object]) -> bytes:
-    """The body with `stream_options.include_usage = true` (cheap splice when the key is absent)."""
-    if "stream_options" not in body:
-        start = raw.find(b"{")
-        return raw[: start + 1] + b'"stream_options":{"include_usage":true},' + raw[start + 1 :]
-    options = dict(body["stream_options"]) if isinstance(body["stream_options"], dict) else {}
-    return json.dumps({**body, "stream_options": {**options, "include_usage": True}}).encode()

@@ -1,6 +1,6 @@
 """Static workers: URLs given to the gateway itself (`kvgate proxy --worker URL`), with no agent beside them.
 
-The gateway registers each one in the shared registry (agent/registry.py) and keeps its lease alive
+The gateway registers each one in the shared registry (store/registry.py) and keeps its lease alive
 only while the worker answers a health check (GET /health every `period_s`), so a dead static worker
 leaves the pool after its lease expires exactly like an agent-managed one. The model comes from the
 `--model` option or, when absent, the worker's own GET /v1/models.
@@ -19,10 +19,10 @@ import aiohttp
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from agent import registry
-from agent.registry import WorkerRecord
 from plugin.mirror import wall_ms
-from plugin.tasks import cancel_and_wait, spawn
+from runtime.tasks import cancel_and_wait, spawn
+from store import registry
+from store.registry import WorkerRecord
 
 logger = logging.getLogger(__name__)
 

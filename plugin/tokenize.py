@@ -25,16 +25,16 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
 from cachetools import LRUCache
 
-from agent.registry import WorkerRecord
 from plugin.chat_template import TemplateError
 from plugin.local_tokenizer import LocalTokenizer
 from policy.prefix import token_block_hashes
+from store.registry import WorkerRecord
 
 # Chat fields that change how vLLM renders the prompt (TokenizeChatRequest, ChatCompletionRequest).
 CHAT_FIELDS = (
@@ -53,18 +53,31 @@ class TokenizeFailed(Exception):
         self.reason = reason
 
 
-def tokenize_request(body: Mapping[str, object], model: str) -> dict[str, object] | list[int]:
+TokenizeRequest = dict[str, object] | list[int]  # the /tokenize body, or the token ids the request carries
+
+
+def tokenize_request(body: Mapping[str, object], model: str) -> TokenizeRequest:
     """The /tokenize body for an OpenAI chat or completions request, or the token ids it already
     carries. Raises TokenizeFailed("unsupported") for prompts /tokenize cannot take (batches)."""
     if "messages" in body:
-        out: dict[str, object] = {"model": model, "messages": body["messages"]}
-        out.update((k, body[k]) for k in CHAT_FIELDS if k in body)
-        return out
+        return chat_tokenize_request(body, model)
+    return completion_tokenize_request(body, model)
+
+
+def chat_tokenize_request(body: Mapping[str, object], model: str) -> TokenizeRequest:
+    """A chat request's /tokenize body: the worker applies its own chat template."""
+    out: dict[str, object] = {"model": model, "messages": body["messages"]}
+    out.update((k, body[k]) for k in CHAT_FIELDS if k in body)
+    return out
+
+
+def completion_tokenize_request(body: Mapping[str, object], model: str) -> TokenizeRequest:
+    """A completions request's /tokenize body, or its own token ids."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        out = {"model": model, "prompt": prompt}
+        out: dict[str, object] = {"model": model, "prompt": prompt}
         if "add_special_tokens" in body:
             out["add_special_tokens"] = body["add_special_tokens"]
         return out
@@ -113,22 +126,28 @@ class Tokenizer:
             self._session = None
 
     async def blocks(
-        self, body: Mapping[str, object], model: str, workers: Sequence[WorkerRecord], block_size: int
+        self,
+        body: Mapping[str, object],
+        model: str,
+        workers: Sequence[WorkerRecord],
+        block_size: int,
+        request_for: Callable[[Mapping[str, object], str], TokenizeRequest] = tokenize_request,
     ) -> tuple[TokenBlocks, str]:
         """(blocks, source) with source "prompt" (ids in the request), "local" (the model's own
-        tokenizer, plugin/local_tokenizer.py), "cache" or "worker". Raises TokenizeFailed."""
-        request = tokenize_request(body, model)
+        tokenizer, plugin/local_tokenizer.py), "cache" or "worker"; `request_for` is the endpoint's
+        /tokenize body (plugin/endpoints.py). Raises TokenizeFailed."""
+        request = request_for(body, model)
         if isinstance(request, list):
             return _hashed(request, model, block_size), "prompt"
         local = self.local.get(model)
         if local is not None:
             try:
-                found = await local.blocks_async(body, model, block_size)
+                mine = await local.blocks_async(body, model, block_size)
             except TemplateError:
                 pass  # a request the local template cannot render (e.g. images): the worker renders it
             else:
-                sizes = (block_size,) * len(found.hashes)
-                return TokenBlocks(found.hashes, sizes, found.prompt_tokens), "local"
+                sizes = (block_size,) * len(mine.hashes)
+                return TokenBlocks(mine.hashes, sizes, mine.prompt_tokens), "local"
         key = json.dumps(request, separators=(",", ":"))  # the cache key is also the body sent
         if self.cache is not None and (hit := self.cache.get((key, block_size))) is not None:
             return hit, "cache"

@@ -29,7 +29,7 @@ Modelled on Kubernetes API Priority and Fairness, for LLM requests that cannot b
   is granted (seats are kept for it: small requests do not starve big ones).
 - **Queue length**: `queue_limit(expected_qps, acceptable_wait_s)`; a full band queue rejects.
 
-`AdmissionState` applies these rules step by step, exactly as `plugin/lua/*.lua` do on Redis;
+`AdmissionState` applies these rules step by step, exactly as `store/lua/*.lua` do on Redis;
 `tests/property/test_admission_agrees.py` feeds both the same operations and compares every reply.
 """
 

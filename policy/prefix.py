@@ -102,29 +102,37 @@ def _message_text(msg: object, where: str) -> str:
 
 
 def canonical_text(body: Mapping[str, object]) -> str:
-    """Canonical rendering of an OpenAI chat or completions request body for approximate prefix hashing.
-
-    Chat: `tools` (canonical JSON, first: they act like a system prompt), then each message as
-    `<|role name=.. call=..|>content<call id fn>args\\n`. Completions: `prompt` as text, token ids as
-    `<tokens:1,2,3>`. Raises ValueError naming the offending field when the body is not a valid request.
-    """
+    """Canonical rendering of an OpenAI chat or completions request body for approximate prefix hashing:
+    `chat_text` when it has `messages`, else `completion_text`. Raises ValueError naming the offending
+    field when the body is not a valid request."""
     if not isinstance(body, Mapping):
         raise ValueError("request body must be a JSON object")
     if "messages" in body:
-        messages = body["messages"]
-        if not isinstance(messages, list) or not messages:
-            raise ValueError("messages must be a non-empty list")
-        parts: list[str] = []
-        tools = body.get("tools")
-        if tools is not None:
-            if not isinstance(tools, list):
-                raise ValueError("tools must be a list")
-            parts.append(f"<|tools|>{_json(tools)}\n")
-        parts.extend(_message_text(m, f"messages[{i}]") for i, m in enumerate(messages))
-        return "".join(parts)
+        return chat_text(body)
     if "prompt" in body:
-        return _prompt_text(body["prompt"])
+        return completion_text(body)
     raise ValueError("request has neither 'messages' (chat) nor 'prompt' (completions)")
+
+
+def chat_text(body: Mapping[str, object]) -> str:
+    """A chat request: `tools` (canonical JSON, first: they act like a system prompt), then each message
+    as `<|role name=.. call=..|>content<call id fn>args\n`."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    parts: list[str] = []
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise ValueError("tools must be a list")
+        parts.append(f"<|tools|>{_json(tools)}\n")
+    parts.extend(_message_text(m, f"messages[{i}]") for i, m in enumerate(messages))
+    return "".join(parts)
+
+
+def completion_text(body: Mapping[str, object]) -> str:
+    """A completions request: `prompt` as text, token ids as `<tokens:1,2,3>`."""
+    return _prompt_text(body.get("prompt"))
 
 
 def _is_token_list(value: object) -> bool:

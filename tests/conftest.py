@@ -9,7 +9,10 @@ import pytest
 import redis.asyncio as aioredis
 from hypothesis import settings
 
-from plugin.redis_server import EmbeddedRedis
+from runtime import compat
+from store.redis_server import EmbeddedRedis
+
+compat.install()  # the tests' entry point: the same process-wide fixes as `kvgate` (runtime/)
 
 # CI runs on a shared 2-core machine: property tests must not fail on timing, and a red build must
 # be reproducible, so CI explores a fixed set of examples (locally, hypothesis keeps exploring).

@@ -43,7 +43,7 @@ from bench.emulator.kv_events import (
 from bench.emulator.metrics import RequestMetrics
 from bench.emulator.worker import MAX_BODY_BYTES, WORKER, WORKER_CONFIG, EmulatorConfig, Worker
 from bench.sim.engine import Engine
-from plugin.tasks import cancel_and_wait, spawn
+from runtime.tasks import cancel_and_wait, spawn
 
 # EmulatorConfig is re-exported: callers build a config and start a server from this one module
 __all__ = ["EmulatorConfig", "create_app", "start_emulator", "worker_of"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 
 from bench.sim.types import ClusterView, SimRequest
+from policy.baselines import least_loaded, round_robin
 
 
 class _NoHooks:
@@ -28,8 +29,7 @@ class RoundRobin(_NoHooks):
         self._next = 0
 
     def route(self, req: SimRequest, cluster: ClusterView, now_s: float) -> str:
-        ids = cluster.worker_ids
-        worker = ids[self._next % len(ids)]
+        worker = round_robin(cluster.worker_ids, self._next)
         self._next += 1
         return worker
 
@@ -52,7 +52,7 @@ class LeastInflight(_NoHooks):
     name = "least_inflight"
 
     def route(self, req: SimRequest, cluster: ClusterView, now_s: float) -> str:
-        return min(cluster.worker_ids, key=cluster.inflight)  # min keeps the first of equal keys
+        return least_loaded(cluster.worker_ids, cluster.inflight)  # ties: registry order
 
 
 def make_round_robin(seed: int) -> RoundRobin:

@@ -28,7 +28,7 @@ import aiohttp
 from aiohttp import web
 
 from bench.stack import stop_process
-from plugin.redis_server import free_port
+from store.redis_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

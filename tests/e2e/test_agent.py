@@ -27,11 +27,11 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 
-from agent import index_store, registry
-from agent.registry import WorkerRecord
 from bench.stack import stop_process
-from plugin.redis_server import free_port
 from policy.prefix import token_block_hashes
+from store import index_store, registry
+from store.redis_server import free_port
+from store.registry import WorkerRecord
 
 pytestmark = pytest.mark.e2e
 

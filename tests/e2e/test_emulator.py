@@ -27,7 +27,7 @@ import zmq.asyncio
 from bench.emulator.metrics import parse_prometheus_text, sample_value
 from bench.emulator.server import EmulatorConfig, start_emulator
 from bench.emulator.tokenizer import full_block_keys, render_chat, tokenize
-from plugin.redis_server import free_port
+from store.redis_server import free_port
 
 pytestmark = pytest.mark.e2e
 

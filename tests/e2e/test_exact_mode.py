@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from agent import index_store, registry
 from bench.emulator.tokenizer import render_chat, tokenize
 from bench.stack import stop_process
-from plugin.redis_server import free_port
 from policy.prefix import token_block_hashes
+from store import index_store, registry
+from store.redis_server import free_port
 from tests.e2e.harness import Gateway, SseUpstream, chat, gateways, get, metric, poll, post, start_worker
 
 pytestmark = pytest.mark.e2e

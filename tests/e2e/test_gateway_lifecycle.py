@@ -15,10 +15,10 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from agent import registry
-from agent.registry import WorkerRecord
 from plugin.mirror import wall_ms
-from plugin.redis_server import free_port
+from store import registry
+from store.redis_server import free_port
+from store.registry import WorkerRecord
 from tests.e2e.harness import REPO, Gateway, SseUpstream, chat, get, poll, post
 
 pytestmark = pytest.mark.e2e

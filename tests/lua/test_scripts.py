@@ -8,10 +8,10 @@ import json
 import pytest
 import redis.asyncio as aioredis
 
-from plugin.scripts import AdmissionScripts, model_keys, quota_key, register_scripts
-from policy import keys
 from policy.admission import AdmitCode, CheckStatus, ClaimCode, Quota, ReleaseCode
 from policy.types import Band
+from store import keys
+from store.scripts import AdmissionScripts, model_keys, quota_key, register_scripts
 
 H, N, L = Band.HIGH, Band.NORMAL, Band.LOW
 M = "llama"

@@ -1,4 +1,4 @@
-"""plugin.slots.SlotPool against a real Redis, with two pools standing in for two gateway processes.
+"""store.slots.SlotPool against a real Redis, with two pools standing in for two gateway processes.
 
 Each pool has its own Redis client and pub/sub subscription, as separate gateways would. Nothing here
 asserts on wall-clock speed; the wake-up latency test prints its p50/p99 for the report.
@@ -15,8 +15,11 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from plugin.scripts import register_scripts
-from plugin.slots import (
+from policy.admission import Quota
+from policy.types import Band
+from store import keys
+from store.scripts import register_scripts
+from store.slots import (
     AdmissionRejected,
     LeaseLost,
     QueueFull,
@@ -28,9 +31,6 @@ from plugin.slots import (
     live_leases,
     set_quota,
 )
-from policy import keys
-from policy.admission import Quota
-from policy.types import Band
 
 M = "llama"
 

@@ -14,10 +14,10 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from plugin.scripts import AdmissionScripts, model_keys, quota_key, register_scripts
-from policy import keys
 from policy.admission import AdmissionState, Quota
 from policy.types import Band
+from store import keys
+from store.scripts import AdmissionScripts, model_keys, quota_key, register_scripts
 
 MODEL = "m"
 IDS = [f"r{i:02d}" for i in range(10)]

@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plugin.prefix_memo import PromptHasher
-from plugin.routing import hash_prompt
+from plugin.prefix_memo import PromptHasher, hash_prompt
 from policy.prefix import text_block_hashes
 
 # a few shared "system prompts" so that later texts hit steps memoized by earlier ones

@@ -1,7 +1,7 @@
 """The KvGate addon's hooks in `taddons` with a real Redis: options, refusals, rerouting, release.
 
 No sockets to workers are opened: hooks are called directly (MITMPROXY.md §6), the worker registry
-is written with agent.registry, and the slot pool is the real one on the test Redis.
+is written with store.registry, and the slot pool is the real one on the test Redis.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import redis.asyncio as aioredis
 from mitmproxy import exceptions, http
 from mitmproxy.test import taddons, tflow, tutils
 
-from agent import registry
-from agent.registry import WorkerRecord
 from plugin.addon import KvGate
-from plugin.context import state_of
+from plugin.flow import state_of
 from plugin.mirror import wall_ms
 from plugin.quotas import write_quota
 from policy.admission import Quota
+from store import registry
+from store.registry import WorkerRecord
 
 MODEL = "m"
 
@@ -193,7 +193,7 @@ async def test_local_endpoints(gate: KvGate) -> None:
 
 
 async def test_draining_gateway_refuses_new_requests(gate: KvGate) -> None:
-    gate.draining = True
+    gate.process.draining = True
     flow = request_flow()
     await run_request(gate, flow)
     assert error_of(flow) == (503, "draining")
@@ -211,10 +211,10 @@ async def test_disconnect_while_queued_leaves_the_queue(gate: KvGate) -> None:
     waiter = request_flow(headers={"x-kvgate-max-wait-ms": "20000"})
     task = asyncio.ensure_future(run_request(gate, waiter))
     for _ in range(500):
-        if gate.waiters:
+        if gate.process.waiters:
             break
         await asyncio.sleep(0.01)
-    assert gate.waiters, "the third request should be queued"
+    assert gate.process.waiters, "the third request should be queued"
     gate.client_disconnected(waiter.client_conn)
     await asyncio.wait_for(task, 5)
     assert waiter.error is not None and waiter.response is None  # killed: never reaches a worker
@@ -238,7 +238,7 @@ async def test_low_priority_is_shed_under_sustained_pressure(gate: KvGate) -> No
     high.request.headers["x-kvgate-max-wait-ms"] = "20000"
     task = asyncio.ensure_future(run_request(gate, high))
     for _ in range(500):
-        if gate.waiters:
+        if gate.process.waiters:
             break
         await asyncio.sleep(0.01)
     assert gate.queue_signal is not None
@@ -254,7 +254,7 @@ async def test_low_priority_is_shed_under_sustained_pressure(gate: KvGate) -> No
     normal = request_flow(headers={"x-kvgate-max-wait-ms": "0"})
     await run_request(gate, normal)
     assert error_of(normal) == (429, "quota")  # only the low band is shed
-    assert gate.pool.held() == 2 and len(gate.waiters) == 1  # the shed request took nothing
+    assert gate.pool.held() == 2 and len(gate.process.waiters) == 1  # the shed request took nothing
 
     for flow in held:  # the burst ends: the high waiter runs, its queue empties
         flow.error = tflow.terr("Client disconnected.")
@@ -276,7 +276,7 @@ async def test_ttft_slo_refuses_at_the_door_and_bounds_the_wait(gate: KvGate) ->
     hopeless = request_flow(long_prompt, headers={"x-kvgate-ttft-slo-ms": "1"})
     await run_request(gate, hopeless)
     assert error_of(hopeless) == (429, "slo_unreachable")
-    assert gate.pool.held() == 0 and not gate.waiters  # refused before it took anything
+    assert gate.pool.held() == 0 and not gate.process.waiters  # refused before it took anything
 
     held = [request_flow() for _ in range(2)]  # the quota (2) is full
     for flow in held:

@@ -8,12 +8,12 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from agent import index_store, registry
-from agent.registry import WorkerRecord
 from plugin.audit import Auditor, Drift, compare, persistent
 from plugin.metrics import GatewayMetrics
-from plugin.slots import SlotPool, Ticket
 from policy.types import Band
+from store import index_store, registry
+from store.registry import WorkerRecord
+from store.slots import SlotPool, Ticket
 
 MODEL = "llama"
 

@@ -11,9 +11,9 @@ import redis.asyncio as aioredis
 
 from plugin.autoscale import QueueSignalRefresher, quota_change
 from plugin.metrics import GatewayMetrics
-from plugin.slots import SlotPool, Ticket, set_quota
 from policy.admission import Quota
 from policy.types import Band
+from store.slots import SlotPool, Ticket, set_quota
 
 MODEL = "llama"
 

@@ -7,9 +7,9 @@ import time
 
 import redis.asyncio as aioredis
 
-from agent import index_store, registry
-from agent.registry import WorkerRecord
 from plugin.mirror import ClusterMirror, wall_ms
+from store import index_store, registry
+from store.registry import WorkerRecord
 
 
 async def until(check, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from plugin.config import LimitsSection
+from plugin.endpoints import ENDPOINTS, route_for
 from plugin.errors import GatewayError
-from plugin.parse import parse_completion, route_for
+from plugin.parse import parse_completion
 
 LIMITS = LimitsSection(
     max_body_bytes=10_000,
@@ -33,7 +34,8 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     ],
 )
 def test_routes(method: str, path: str, endpoint: str) -> None:
-    assert route_for(method, path) == endpoint
+    found = route_for(method, path)
+    assert (found if isinstance(found, str) else found.name) == endpoint
 
 
 @pytest.mark.parametrize(
@@ -52,7 +54,7 @@ def test_unknown_routes(method: str, path: str, status: int) -> None:
 
 
 def test_valid_chat_defaults() -> None:
-    parsed = parse_completion("chat", json.dumps(CHAT).encode(), LIMITS)
+    parsed = parse_completion(ENDPOINTS["chat"], json.dumps(CHAT).encode(), LIMITS)
     assert (parsed.model, parsed.stream, parsed.max_tokens, parsed.include_usage) == ("m", False, 50, False)
 
 
@@ -64,8 +66,8 @@ def test_valid_stream_completion_with_usage() -> None:
         "max_tokens": 7,
         "stream_options": {"include_usage": True},
     }
-    parsed = parse_completion("completions", json.dumps(body).encode(), LIMITS)
-    assert (parsed.endpoint, parsed.stream, parsed.max_tokens, parsed.include_usage) == (
+    parsed = parse_completion(ENDPOINTS["completions"], json.dumps(body).encode(), LIMITS)
+    assert (parsed.endpoint.name, parsed.stream, parsed.max_tokens, parsed.include_usage) == (
         "completions",
         True,
         7,
@@ -150,5 +152,5 @@ def chat(**changes: object) -> bytes:
 )
 def test_invalid_bodies(endpoint: str, raw: bytes, status: int, code: str) -> None:
     with pytest.raises(GatewayError) as info:
-        parse_completion(endpoint, raw, LIMITS)  # type: ignore[arg-type]
+        parse_completion(ENDPOINTS[endpoint], raw, LIMITS)
     assert (info.value.status, info.value.code) == (status, code)

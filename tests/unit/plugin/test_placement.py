@@ -17,15 +17,15 @@ import redis.asyncio as aioredis
 from mitmproxy import http
 from mitmproxy.test import tutils
 
-from agent import registry
-from agent.registry import WorkerRecord
 from plugin.addon import KvGate
-from plugin.context import state_of
+from plugin.flow import state_of
 from plugin.mirror import wall_ms
 from plugin.quotas import write_quota
-from plugin.slots import Lease, SlotPool, Ticket
 from policy.admission import Quota
 from policy.types import Band
+from store import registry
+from store.registry import WorkerRecord
+from store.slots import Lease, SlotPool, Ticket
 from tests.unit.plugin.test_addon import MODEL, error_of, request_flow, running_gate
 
 
@@ -84,7 +84,7 @@ def mode(gate: KvGate) -> str:
 def held(flow: http.HTTPFlow) -> dict[str, object]:
     state = state_of(flow)
     assert state is not None
-    return state.extra.get("admission", {})
+    return state.held.record() if state.held is not None else {}
 
 
 async def test_worker_with_room_is_placed_in_one_step(gate: KvGate) -> None:
@@ -184,7 +184,7 @@ async def test_queued_for_a_seat_then_routed_again_and_placed(gate: KvGate, othe
     (on_w1,) = await fill(other, "w1")
     flow = request_flow()
     task = asyncio.ensure_future(gate.request(flow))  # round robin: w0, which has room: queued for a seat
-    await until(lambda: gate.waiters != {}, "the request to queue")
+    await until(lambda: gate.process.waiters != {}, "the request to queue")
     await until(lambda: sum(gate.router.model(MODEL).inflight.values()) == 0, "the reservation back")
     await other.release(loose[0])  # a seat frees: granted, routed again (round robin: w1, full)
     if mode(gate) == "reroute":

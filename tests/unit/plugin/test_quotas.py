@@ -8,9 +8,9 @@ import redis.asyncio as aioredis
 
 from plugin.config import ConfigError, config_from_dict
 from plugin.quotas import desired_quota, write_quota
-from plugin.scripts import quota_key
 from policy.admission import Quota
 from policy.types import Band
+from store.scripts import quota_key
 
 
 @pytest.mark.parametrize(

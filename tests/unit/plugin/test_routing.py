@@ -8,11 +8,13 @@ import json
 import pytest
 import redis.asyncio as aioredis
 
-from agent import index_store
-from agent.registry import WorkerRecord
 from plugin.config import RoutingSection
-from plugin.routing import Router, hash_prompt, parse_upstream, with_usage_requested
+from plugin.endpoints import with_usage_requested
+from plugin.prefix_memo import hash_prompt
+from plugin.routing import Router, parse_upstream
 from policy.types import Band
+from store import index_store
+from store.registry import WorkerRecord
 
 MODEL = "m"
 

@@ -7,9 +7,9 @@ import asyncio
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from agent import registry
 from plugin.mirror import wall_ms
 from plugin.static_workers import StaticWorkers, static_worker_id
+from store import registry
 from tests.e2e.harness import SseUpstream
 
 

@@ -13,16 +13,18 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from agent import index_store
-from agent.registry import WorkerRecord
 from bench.emulator.tokenizer import render_chat, tokenize
 from plugin.config import RoutingSection
+from plugin.flow import Prompt
 from plugin.metrics import GatewayMetrics
-from plugin.redis_server import free_port
-from plugin.routing import Prompt, Router, hash_prompt
+from plugin.prefix_memo import hash_prompt
+from plugin.routing import Router
 from plugin.tokenize import TokenizeFailed, Tokenizer, response_tokens, tokenize_request
 from policy.prefix import token_block_hashes
 from policy.types import Band
+from store import index_store
+from store.redis_server import free_port
+from store.registry import WorkerRecord
 from tests.e2e.harness import start_worker
 
 MODEL = "m"

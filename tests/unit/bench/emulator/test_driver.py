@@ -10,7 +10,7 @@ from bench.emulator.driver import EngineBroken, EngineDriver, RequestState
 from bench.emulator.kv_events import EngineKvEvent
 from bench.sim.engine import Engine
 from bench.sim.profiles import load_profile, scaled
-from plugin.tasks import cancel_and_wait, spawn
+from runtime.tasks import cancel_and_wait, spawn
 
 PROFILE = scaled(load_profile("h100-llama3.1-8b"), num_gpu_blocks=500)
 SCALE = 0.02  # the modelled GPU runs 50x faster than the wall clock

@@ -7,8 +7,8 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import index_store
-from agent.index_store import IndexOp
+from store import index_store
+from store.index_store import IndexOp
 
 MODEL = "m"
 

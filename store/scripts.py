@@ -1,31 +1,30 @@
 """The admission Lua scripts, loaded once and called through typed async wrappers.
 
-`plugin/lua/common.lua` holds the rules every script shares (reap expired leases and waiters, quota
-checks, the grant pump); each `lua/<verb>.lua` is prepended with it and registered with
-`redis.register_script`. Calls go as EVALSHA over a dedicated pipelined connection (plugin/resp.py:
+`store/lua/common.lua` holds the rules every script shares (reap expired leases and waiters, quota
+checks, the grant pump); each `lua/<verb>.lua` is loaded after it by the one Lua loader
+(store/scripting.py). Calls go as EVALSHA over a dedicated pipelined connection (store/resp.py:
 redis-py's layers cost several times more CPU per call); a `NOSCRIPT` reply (e.g. after `SCRIPT FLUSH`)
-or a connection kind it does not handle falls back to redis-py, which loads the script. Lua returns
-codes; the wrappers return small dataclasses, and `plugin/slots.py` turns the rejections into typed
-errors, as redis-py's lock.py does.
+or a connection kind it does not handle falls back to redis-py and the loader, which loads the
+script. Lua returns codes; the wrappers return small dataclasses, and `store/slots.py` turns the
+rejections into typed errors, as redis-py's lock.py does.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.resources
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
-from plugin.resp import Head, RespChannel, head, pack
-from policy import keys
 from policy.admission import AdmitCode, CheckStatus, ClaimCode, ReleaseCode
-from policy.keys import PREFIX, model_key
 from policy.types import Band
+from store import keys
+from store.keys import PREFIX, model_key
+from store.resp import Head, RespChannel, head, pack
+from store.scripting import LuaScript, load
 
 # one channel for all models; message = JSON list of granted ids, or {"freed": model, "worker": id}
 GRANTED_CHANNEL = f"{PREFIX}:admission:granted"
@@ -110,11 +109,6 @@ def _pairs(flat: Sequence[Any]) -> dict[str, str]:
     return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
-def _load(name: str, common: str) -> str:
-    body = importlib.resources.files("plugin").joinpath("lua", name).read_text(encoding="utf-8")
-    return common + "\n" + body
-
-
 class AdmissionScripts:
     """The admission scripts registered on one client. `now_ms=None` uses the Redis server's clock,
     so gateways with skewed clocks agree on lease expiry; tests pass explicit times."""
@@ -122,10 +116,10 @@ class AdmissionScripts:
     NAMES = ("acquire", "release", "claim", "renew", "check", "snapshot")
 
     def __init__(self, redis: aioredis.Redis, channel: str = GRANTED_CHANNEL) -> None:
-        common = importlib.resources.files("plugin").joinpath("lua", "common.lua").read_text(encoding="utf-8")
         self.channel = channel
-        self._scripts: dict[str, AsyncScript] = {
-            name: redis.register_script(_load(f"{name}.lua", common)) for name in self.NAMES
+        self._redis = redis
+        self._scripts: dict[str, LuaScript] = {
+            name: load(f"{name}.lua", prelude="common.lua") for name in self.NAMES
         }
         self._fast = RespChannel.for_client(redis)
         self._heads: dict[tuple[str, str, str | None], Head] = {}  # EVALSHA sha numkeys keys.. channel
@@ -146,7 +140,7 @@ class AdmissionScripts:
             except NoScriptError:
                 pass  # not loaded on this server (yet): redis-py loads it and retries
         argv = [str(now_ms or 0), self.channel, *(str(a) for a in args)]
-        return await self._scripts[name](keys=_model_keys(model, worker), args=argv)
+        return await self._scripts[name](self._redis, _model_keys(model, worker), argv)
 
     def _head(self, name: str, model: str, worker: str | None) -> Head:
         first = self._heads.get((name, model, worker))

@@ -1,6 +1,7 @@
-"""plugin.compat: a cancel landing as `asyncio.wait_for`'s inner await completes is raised, on any Python.
+"""runtime.compat: a cancel landing as `asyncio.wait_for`'s inner await completes is raised, on any Python.
 
-Python 3.11's own `wait_for` drops it (CPython gh-86296); `import plugin` installs the 3.12 behaviour.
+Python 3.11's own `wait_for` drops it (CPython gh-86296); entry points (and tests/conftest.py) install
+the 3.12 behaviour.
 Without it, the Redis loop below never stops on 3.11 and the first test's task returns 1 instead of raising.
 """
 
@@ -12,8 +13,8 @@ import sys
 import pytest
 import redis.asyncio as aioredis
 
-from plugin import compat
-from plugin.tasks import cancel_and_wait, spawn
+from runtime import compat
+from runtime.tasks import cancel_and_wait, spawn
 
 
 async def test_a_cancel_in_the_tick_the_inner_await_completes_is_raised() -> None:

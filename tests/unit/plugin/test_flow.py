@@ -1,11 +1,11 @@
-"""plugin/context.py helpers: `put_headers` ends where `headers[name] = value` per header would."""
+"""plugin/flow.py helpers: `put_headers` ends where `headers[name] = value` per header would."""
 
 from __future__ import annotations
 
 import pytest
 from mitmproxy import http
 
-from plugin.context import put_headers
+from plugin.flow import put_headers
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ On Python < 3.12, `asyncio.wait_for` returns the inner result and drops the call
 when both land in the same loop tick (CPython gh-86296; 3.12 rewrote it on `asyncio.timeout`).
 redis-py wraps every command it sends in `wait_for` (its default `socket_timeout` is 5 s), so a
 background loop cancelled while a command completes carries on, and the `cancel_and_wait()` that
-stops it (plugin/tasks.py) hangs for ever; a queued request's cancel can be lost the same way.
+stops it (runtime/tasks.py) hangs for ever; a queued request's cancel can be lost the same way.
 `install()` swaps in the 3.12 implementation, for redis-py's calls and ours; on 3.12+ it does nothing.
 """
 

@@ -26,7 +26,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from policy import keys
+from store import keys
+from store.scripting import LuaScript, load
 
 LOG_MAXLEN = 20_000  # approximate cap of the op log; a mirror further behind must resnapshot (IndexLogGap)
 DEFAULT_CAPACITY_BLOCKS = 1 << 16  # per-worker bound when the worker's KV capacity is unknown
@@ -74,70 +75,15 @@ class IndexOp:
     seq: int = 0  # position in the log (dense, from 1); 0 = not from the log
 
 
-# Every script takes the same KEYS:
-# KEYS[1] kvg:{m}:idx:<worker>  KEYS[2] kvg:{m}:idx-workers  KEYS[3] kvg:{m}:idx:log  KEYS[4] kvg:{m}:idx-seq
-# and logs each change as one stream entry with a dense sequence number (`seq`), so a reader can tell
-# that entries it never saw were trimmed away. Commands taking many arguments are sent in chunks
-# (Lua's unpack() has a limit of a few thousand values).
-_PRELUDE = """
-local function log(op, hashes)
-  local seq = redis.call('INCR', KEYS[4])
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*',
-             'op', op, 'worker', ARGV[1], 'hashes', hashes, 'seq', seq)
-end
-local function chunked(cmd, key, first, step)
-  local n, done = #ARGV, 0
-  for i = first, n, step do
-    done = done + redis.call(cmd, key, unpack(ARGV, i, math.min(i + step - 1, n)))
-  end
-  return done
-end
-"""
-
-# ARGV[1] worker  ARGV[2] log maxlen  ARGV[3] capacity (blocks)  ARGV[4] hashes (comma-separated hex)
-# ARGV[5..] score, member pairs for ZADD
-# returns the number of blocks evicted by the capacity trim (they are logged as a remove)
-_ADD = (
-    _PRELUDE
-    + """
-chunked('ZADD', KEYS[1], 5, 1000)
-redis.call('SADD', KEYS[2], ARGV[1])
-log('add', ARGV[4])
-local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[3])
-if excess <= 0 then return 0 end
-local evicted = redis.call('ZRANGE', KEYS[1], 0, excess - 1)
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, excess - 1)
-log('remove', table.concat(evicted, ','))
-return excess
-"""
-)
-
-# ARGV[1] worker  ARGV[2] log maxlen  ARGV[3] hashes (comma-separated hex)  ARGV[4..] members
-# returns the number of entries removed
-_REMOVE = (
-    _PRELUDE
-    + """
-local removed = chunked('ZREM', KEYS[1], 4, 1000)
-log('remove', ARGV[3])
-return removed
-"""
-)
-
-# ARGV[1] worker  ARGV[2] log maxlen   returns the number of entries dropped
-_CLEAR = (
-    _PRELUDE
-    + """
-local n = redis.call('ZCARD', KEYS[1])
-redis.call('DEL', KEYS[1])
-redis.call('SREM', KEYS[2], ARGV[1])
-log('clear', '')
-return n
-"""
-)
+# Scripts: store/lua/index_{add,remove,clear}.lua after index_common.lua (same KEYS for all, a logged,
+# sequence-numbered change each).
+_ADD = load("index_add.lua", prelude="index_common.lua")
+_REMOVE = load("index_remove.lua", prelude="index_common.lua")
+_CLEAR = load("index_clear.lua", prelude="index_common.lua")
 
 
-async def _eval(redis: aioredis.Redis, script: str, keys_: Sequence[str], args: Sequence[Any]) -> Any:
-    return await redis.register_script(script)(keys=list(keys_), args=list(args))
+async def _eval(redis: aioredis.Redis, script: LuaScript, keys_: Sequence[str], args: Sequence[Any]) -> Any:
+    return await script(redis, keys_, args)
 
 
 def _text(value: Any) -> str:

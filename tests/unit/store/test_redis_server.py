@@ -1,7 +1,7 @@
 import pytest
 import redis
 
-from plugin.redis_server import EmbeddedRedis, RedisServerError
+from store.redis_server import EmbeddedRedis, RedisServerError
 
 
 def test_embedded_redis_starts_answers_and_stops() -> None:

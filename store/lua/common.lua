@@ -1,7 +1,7 @@
--- common.lua: rules shared by every admission script; plugin/scripts.py prepends it to each one.
+-- common.lua: rules shared by every admission script; store/scripting.py prepends it to each one.
 -- The same rules, as pure Python, are policy/admission.py (AdmissionState); tests prove they agree.
 --
--- KEYS (identical for every admission script, built by plugin/scripts.py:model_keys; one hash tag):
+-- KEYS (identical for every admission script, built by store/scripts.py:model_keys; one hash tag):
 --   KEYS[1]     kvg:{m}:quota     HASH  limits, read on every call (docs/ADMISSION.md); absent = unlimited
 --   KEYS[2]     kvg:{m}:leases    ZSET  request id -> lease expiry (ms)
 --   KEYS[3]     kvg:{m}:lease     HASH  request id -> JSON {s seats, b band, t tenant, g granted_ms, w gateway,
@@ -15,6 +15,7 @@
 --   KEYS[11..13] kvg:{m}:tags:<b> HASH  tenant -> fair tag of its last queued request in band b
 --   KEYS[14]    kvg:{m}:worker:<id> HASH (acquire and claim with a worker only) max_concurrency
 -- ARGV[1] now_ms ("" or 0 = the Redis server's clock)   ARGV[2] pub/sub channel for grants
+-- returns: nothing (a prelude; each script's header gives its own reply)
 -- Every script first reaps expired leases and waiters (so counts only include live entries), does its
 -- own work, then grants freed seats to waiters (pump) and PUBLISHes the granted request ids.
 

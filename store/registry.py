@@ -18,79 +18,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
-from policy import keys
+from store import keys
+from store.scripting import LuaScript, load
 
-# Scripts touch only keys of one model (one hash slot on Redis Cluster); the unhashed `kvg:models`
-# discovery set is updated by a separate command in the same pipeline.
-
-# KEYS[1] kvg:{m}:workers  KEYS[2] kvg:{m}:worker:<id>
-# ARGV[1] worker id  ARGV[2] lease expiry (ms)  ARGV[3..] field, value pairs
-# returns the worker's new epoch (incremented on every registration: its cache state is unknown)
-_REGISTER = """
-local epoch = tonumber(redis.call('HGET', KEYS[2], 'epoch') or '0') + 1
-redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], 'epoch', epoch, unpack(ARGV, 3))
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-return epoch
-"""
-
-# KEYS[1] kvg:{m}:workers  KEYS[2] kvg:{m}:worker:<id>
-# ARGV[1] worker id  ARGV[2] lease expiry (ms)  ARGV[3..] field, value pairs (load)
-# returns -1 if the worker is not registered (the caller must register again), else its draining flag 0/1
-_HEARTBEAT = """
-if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
-redis.call('HSET', KEYS[2], unpack(ARGV, 3))
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-return tonumber(redis.call('HGET', KEYS[2], 'draining') or '0')
-"""
-
-# KEYS[1] kvg:{m}:worker:<id>  ARGV[1] field  ARGV[2] value
-# returns 1 if the worker is registered and the field was set, else 0
-_SET_IF_REGISTERED = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return 1
-"""
-
-# KEYS[1] kvg:{m}:worker:<id>  returns the new epoch, or 0 if the worker is not registered
-_BUMP_EPOCH = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-return redis.call('HINCRBY', KEYS[1], 'epoch', 1)
-"""
-
-# KEYS[1] kvg:{m}:workers  KEYS[2] kvg:{m}:worker:<id>  ARGV[1] worker id
-# returns {1 if the worker was registered else 0, workers left}
-_DEREGISTER = """
-local existed = redis.call('ZREM', KEYS[1], ARGV[1]) + redis.call('DEL', KEYS[2])
-if existed > 0 then existed = 1 end
-return {existed, redis.call('ZCARD', KEYS[1])}
-"""
-
-# KEYS[1] kvg:{m}:workers  ARGV[1] worker-hash key prefix (kvg:{m}:worker:, same hash tag)
-# returns a flat list: id, lease expiry, {field, value, ...} per worker (a lease without a record is skipped)
-_READ = """
-local out = {}
-local ids = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-for i = 1, #ids, 2 do
-  local rec = redis.call('HGETALL', ARGV[1] .. ids[i])
-  if #rec > 0 then
-    table.insert(out, ids[i]); table.insert(out, ids[i + 1]); table.insert(out, rec)
-  end
-end
-return out
-"""
-
-# KEYS[1] kvg:{m}:workers  ARGV[1] cutoff (ms)  ARGV[2] worker-hash key prefix (same hash tag)
-# removes workers whose lease expired before the cutoff; returns their ids
-_PRUNE = """
-local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[1])
-for _, id in ipairs(gone) do
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('DEL', ARGV[2] .. id)
-end
-return gone
-"""
+# Scripts (store/lua/registry_*.lua) touch only keys of one model (one hash slot on Redis Cluster);
+# the unhashed `kvg:models` discovery set is updated by a separate command in the same pipeline.
+_REGISTER = load("registry_register.lua")
+_HEARTBEAT = load("registry_heartbeat.lua")
+_SET_IF_REGISTERED = load("registry_set_field.lua")
+_BUMP_EPOCH = load("registry_bump_epoch.lua")
+_DEREGISTER = load("registry_deregister.lua")
+_READ = load("registry_read.lua")
+_PRUNE = load("registry_prune.lua")
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,9 +174,8 @@ def parse_record(
     )
 
 
-async def _eval(redis: aioredis.Redis, script: str, keys_: Sequence[str], args: Sequence[Any]) -> Any:
-    # register_script caches the SHA and falls back to SCRIPT LOAD after a flush (redis-py AsyncScript)
-    return await redis.register_script(script)(keys=list(keys_), args=list(args))
+async def _eval(redis: aioredis.Redis, script: LuaScript, keys_: Sequence[str], args: Sequence[Any]) -> Any:
+    return await script(redis, keys_, args)
 
 
 async def register(redis: aioredis.Redis, record: WorkerRecord, lease_ms: int, now_ms: int) -> int:
@@ -245,15 +185,21 @@ async def register(redis: aioredis.Redis, record: WorkerRecord, lease_ms: int, n
     (registration always starts a new epoch: the worker's cache state is not known to be the old one).
     """
     keys.model_key(record.model)  # validates the name
-    async with redis.pipeline(transaction=False) as pipe:
-        await redis.register_script(_REGISTER)(
-            keys=[keys.workers(record.model), keys.worker(record.model, record.id)],
-            args=[record.id, now_ms + lease_ms, *_flat(record_fields(record, now_ms))],
-            client=pipe,
-        )
-        pipe.sadd(keys.models(), record.model)
-        epoch, _ = await pipe.execute()
-    return int(epoch)
+    keys_ = (keys.workers(record.model), keys.worker(record.model, record.id))
+    args = (record.id, now_ms + lease_ms, *_flat(record_fields(record, now_ms)))
+
+    async def once() -> int:
+        async with redis.pipeline(transaction=False) as pipe:
+            _REGISTER.queue(pipe, keys_, args)
+            pipe.sadd(keys.models(), record.model)
+            epoch, _ = await pipe.execute()
+        return int(epoch)
+
+    try:
+        return await once()
+    except NoScriptError:  # a fresh server or SCRIPT FLUSH: only the SADD ran (idempotent)
+        await _REGISTER.ensure_loaded(redis)
+        return await once()
 
 
 async def heartbeat(

@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from plugin.resp import _INCOMPLETE, RespChannel, _parse, pack
+from store.resp import _INCOMPLETE, RespChannel, _parse, pack
 
 PARSE_CASES = [
     pytest.param(b":42\r\n", 42, id="integer"),

@@ -1,6 +1,6 @@
 """Slot leases from the global admission gate: acquire before forwarding, release exactly once after.
 
-`SlotPool` is one gateway process's client of the admission scripts (plugin/scripts.py). `acquire()`
+`SlotPool` is one gateway process's client of the admission scripts (store/scripts.py). `acquire()`
 costs one EVALSHA when a seat is free. Otherwise the request waits in the global queue in Redis: the
 script that frees a seat grants it to the next waiter and PUBLISHes its id; this process keeps one
 pub/sub subscription and wakes the local waiter, with a slow re-check (every `recheck_every_s`) for
@@ -24,10 +24,10 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from plugin.scripts import GRANTED_CHANNEL, AdmissionScripts, model_keys, quota_key, register_scripts
-from plugin.tasks import cancel_and_wait, spawn
 from policy.admission import AdmitCode, CheckStatus, ClaimCode, Quota, estimated_wait_s
 from policy.types import Band
+from runtime.tasks import cancel_and_wait, spawn
+from store.scripts import GRANTED_CHANNEL, AdmissionScripts, model_keys, quota_key, register_scripts
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class SlotPool:
         return len(self._held)
 
     async def snapshot(self, model: str) -> dict[str, Any]:
-        """The model's admission state (plugin.scripts.AdmissionScripts.snapshot) plus `est_wait_s`, the
+        """The model's admission state (store.scripts.AdmissionScripts.snapshot) plus `est_wait_s`, the
         expected wait of a request arriving now at the back of all queues (the autoscaling signal)."""
         snap = await self.scripts.snapshot(model)
         capacity = int(snap["quota"].get("total", -1))

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from agent import registry
-from agent.registry import WorkerRecord
-from policy import keys
+from store import keys, registry
+from store.registry import WorkerRecord
 
 MODEL = "llama-8b"
 

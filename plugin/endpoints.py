@@ -1,0 +1,149 @@
+"""The endpoint table: one entry per OpenAI endpoint kvgate admits and routes.
+
+An entry says everything the request path needs to know about an endpoint: its path; how its own
+body fields are validated (the fields every completion shares are parse.py's); how its prefix is
+rendered for approximate hashing (policy/prefix.py); how it is tokenized in exact mode (the worker's
+/tokenize body, plugin/tokenize.py); and how usage is requested from a stream and metered. Adding
+`/v1/responses` or `/v1/embeddings` is one entry here and its tests.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from plugin.config import LimitsSection
+from plugin.errors import GatewayError
+from plugin.streaming import Usage, meter_json_body
+from plugin.tokenize import TokenizeRequest, chat_tokenize_request, completion_tokenize_request
+from policy.prefix import chat_text, completion_text
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+LocalEndpoint = Literal["models", "healthz", "metrics"]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One OpenAI endpoint that is admitted, routed and metered."""
+
+    name: str  # decision records and metric labels use it
+    path: str
+    check_body: Callable[[dict[str, Any], LimitsSection], None]  # its own fields; GatewayError 400/413
+    prefix_text: Callable[[Mapping[str, object]], str]  # canonical text for approximate prefix hashing
+    tokenize_request: Callable[[Mapping[str, object], str], TokenizeRequest]  # exact mode
+    # `stream_options.include_usage` added when a streamed request did not ask for the usage chunk
+    # (stripped again on the way out); None: the endpoint has no usage chunk to ask for
+    request_usage: Callable[[bytes, dict[str, object]], bytes] | None
+    meter_body: Callable[[bytes | None], Usage]  # usage of a response that was not streamed
+
+
+def with_usage_requested(raw: bytes, body: dict[str, object]) -> bytes:
+    """The body with `stream_options.include_usage = true` (cheap splice when the key is absent)."""
+    if "stream_options" not in body:
+        start = raw.find(b"{")
+        return raw[: start + 1] + b'"stream_options":{"include_usage":true},' + raw[start + 1 :]
+    options = dict(body["stream_options"]) if isinstance(body["stream_options"], dict) else {}
+    return json.dumps({**body, "stream_options": {**options, "include_usage": True}}).encode()
+
+
+def _check_messages(messages: object, limits: LimitsSection) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise GatewayError(400, "missing_messages", "'messages' must be a non-empty array", param="messages")
+    if len(messages) > limits.max_messages:
+        raise GatewayError(
+            400,
+            "too_many_messages",
+            f"{len(messages)} messages; limit {limits.max_messages}",
+            param="messages",
+        )
+    chars = 0
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise GatewayError(400, "invalid_message", f"messages[{i}] must be an object", param="messages")
+        role = message.get("role")
+        if role not in ROLES:
+            raise GatewayError(400, "invalid_role", f"messages[{i}].role must be one of {sorted(ROLES)}")
+        content = message.get("content")
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                    raise GatewayError(
+                        400, "invalid_content", f"messages[{i}].content[{j}] must be an object with a 'type'"
+                    )
+                text = part.get("text")
+                chars += len(text) if isinstance(text, str) else 0
+        elif content is not None:
+            raise GatewayError(400, "invalid_content", f"messages[{i}].content must be a string or an array")
+    if chars > limits.max_prompt_chars:
+        raise GatewayError(
+            413, "prompt_too_large", f"prompt has {chars} characters; limit {limits.max_prompt_chars}"
+        )
+
+
+def _check_prompt(prompt: object, limits: LimitsSection) -> None:
+    if isinstance(prompt, str):
+        size = len(prompt)
+    elif isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            size = sum(len(p) for p in prompt)
+        elif all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            size = len(prompt) * 4
+        elif all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
+            size = sum(len(p) for p in prompt) * 4
+        else:
+            raise GatewayError(
+                400, "invalid_prompt", "'prompt' must be a string, strings, or token ids", param="prompt"
+            )
+    else:
+        raise GatewayError(
+            400, "missing_prompt", "'prompt' must be a non-empty string or array", param="prompt"
+        )
+    if size > limits.max_prompt_chars:
+        raise GatewayError(
+            413, "prompt_too_large", f"prompt has {size} characters; limit {limits.max_prompt_chars}"
+        )
+
+
+CHAT = Endpoint(
+    name="chat",
+    path="/v1/chat/completions",
+    check_body=lambda body, limits: _check_messages(body.get("messages"), limits),
+    prefix_text=chat_text,
+    tokenize_request=chat_tokenize_request,
+    request_usage=with_usage_requested,
+    meter_body=meter_json_body,
+)
+COMPLETIONS = Endpoint(
+    name="completions",
+    path="/v1/completions",
+    check_body=lambda body, limits: _check_prompt(body.get("prompt"), limits),
+    prefix_text=completion_text,
+    tokenize_request=completion_tokenize_request,
+    request_usage=with_usage_requested,
+    meter_body=meter_json_body,
+)
+ENDPOINTS: dict[str, Endpoint] = {e.name: e for e in (CHAT, COMPLETIONS)}
+
+# path -> (endpoint, allowed method); the gateway's own endpoints answer GET (and HEAD)
+ROUTES: dict[str, tuple[Endpoint | LocalEndpoint, str]] = {
+    **{e.path: (e, "POST") for e in ENDPOINTS.values()},
+    "/v1/models": ("models", "GET"),
+    "/healthz": ("healthz", "GET"),
+    "/metrics": ("metrics", "GET"),
+}
+
+
+def route_for(method: str, path: str) -> Endpoint | LocalEndpoint:
+    """The endpoint for a method and path (query string ignored); GatewayError 404/405 otherwise."""
+    bare = path.split("?", 1)[0].rstrip("/") or "/"
+    found = ROUTES.get(bare)
+    if found is None:
+        raise GatewayError(404, "not_found", f"kvgate serves no {bare}")
+    endpoint, allowed = found
+    if method != allowed and not (allowed == "GET" and method == "HEAD"):
+        raise GatewayError(405, "method_not_allowed", f"{bare} takes {allowed}, not {method}")
+    return endpoint

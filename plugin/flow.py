@@ -1,0 +1,167 @@
+"""The per-flow types every request-path part shares: one typed `FlowState` per request, its `Prompt`
+and its `Route`, and the guards each hook starts with.
+
+Every part reads and writes the `FlowState` in `flow.metadata[STATE]` (STYLE §7.3) instead of loose
+metadata keys. The process-wide services the parts use are `plugin.context.GatewayContext`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from mitmproxy import http
+
+from plugin.errors import openai_error
+
+if TYPE_CHECKING:
+    from plugin.auth import Caller
+    from plugin.parse import ParsedRequest
+    from plugin.streaming import SseMeter
+    from policy.types import Decision, RequestView
+    from store.registry import WorkerRecord
+    from store.slots import Lease
+
+logger = logging.getLogger(__name__)
+
+STATE = "kvgate"
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """A request's prefix, hashed once before admission (so a 400 for a bad shape comes first)."""
+
+    hashes: tuple[int, ...]
+    block_tokens: tuple[int, ...]
+    prompt_tokens: int
+    exact: bool = False  # token-block hashes (exact mode), else text-chunk hashes
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    scheme: str
+    host: str
+    port: int
+
+
+@dataclass(slots=True)
+class Route:
+    """Where one request goes, and why."""
+
+    model: str
+    worker: WorkerRecord
+    upstream: Upstream
+    decision: Decision
+    view: RequestView
+    first_token_seen: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """Which admission step held a request that was not placed at once on its first choice."""
+
+    held_by: str  # "quota" waited for a seat; "worker" a chosen worker was full
+    reroutes: int  # workers tried after a full one
+    worker_full: int  # workers that turned the request down
+
+    def record(self) -> dict[str, object]:
+        """The fields of the decision record (`NOT_HELD` when admitted at once)."""
+        return {"held_by": self.held_by, "reroutes": self.reroutes, "worker_full": self.worker_full}
+
+
+NOT_HELD: dict[str, object] = {"held_by": None, "reroutes": 0, "worker_full": 0}
+
+
+@dataclass(slots=True)
+class FlowState:
+    """One completion request on its way through the gateway."""
+
+    request_id: str
+    received_at: float  # time.monotonic() when the request hook saw it
+    parsed: ParsedRequest | None = None
+    caller: Caller | None = None
+    prompt: Prompt | None = None  # set by intake with the caller and the body
+    lease: Lease | None = None  # while a slot is held; popped exactly once on release
+    queued_s: float = 0.0
+    held: Held | None = None  # set when admission held the request (quota or a full worker)
+    route: Route | None = None
+    usage_requested: bool = False  # the gateway asked the worker for the stream's usage chunk
+    meter: SseMeter | None = None
+    status: int = 0
+    error: str = ""
+    finished: bool = False
+
+    @property
+    def model(self) -> str:
+        return self.parsed.model if self.parsed else ""
+
+    @property
+    def band_name(self) -> str:
+        return self.caller.band.name.lower() if self.caller else "normal"
+
+
+def state_of(flow: http.HTTPFlow) -> FlowState | None:
+    state = flow.metadata.get(STATE)
+    return state if isinstance(state, FlowState) else None
+
+
+def answered(flow: http.HTTPFlow) -> bool:
+    """True once the flow needs nothing more from request-phase parts (STYLE §1 guard)."""
+    return flow.response is not None or flow.error is not None or not flow.live
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """A request intake parsed, authenticated and hashed: what the later request-phase parts read."""
+
+    state: FlowState
+    parsed: ParsedRequest
+    caller: Caller
+    prompt: Prompt
+
+
+def accepted(flow: http.HTTPFlow) -> Accepted | None:
+    """A live flow that intake parsed, authenticated and hashed; None when a later request-phase
+    part has nothing to do (answered already, or not a completion request)."""
+    if answered(flow):
+        return None
+    state = state_of(flow)
+    if state is None or state.parsed is None or state.caller is None or state.prompt is None:
+        return None
+    return Accepted(state, state.parsed, state.caller, state.prompt)
+
+
+A = TypeVar("A")
+
+
+def fail_closed(
+    hook: Callable[[A, http.HTTPFlow], Awaitable[None]],
+) -> Callable[[A, http.HTTPFlow], Awaitable[None]]:
+    """mitmproxy swallows hook errors and lets the flow go on to the fallback upstream; answer 500 instead."""
+
+    @functools.wraps(hook)
+    async def wrapper(self: A, flow: http.HTTPFlow) -> None:
+        try:
+            await hook(self, flow)
+        except Exception:
+            logger.exception("%s failed", hook.__qualname__)
+            if flow.live and flow.response is None and flow.error is None:
+                flow.response = openai_error(500, "gateway_error", "internal gateway error")
+
+    return wrapper
+
+
+def put_headers(headers: http.Headers, pairs: Sequence[tuple[str, str]]) -> None:
+    """`headers[name] = value` for each (lower-case name, value), in one rebuild of the field list
+    instead of one per header (a header already present is replaced; ours go last)."""
+    new = tuple((name.encode(), value.encode("utf-8", "surrogateescape")) for name, value in pairs)
+    names = {name for name, _ in new}
+    headers.fields = tuple(f for f in headers.fields if f[0].lower() not in names) + new
+
+
+def now_s() -> float:
+    return time.monotonic()

@@ -1,0 +1,62 @@
+"""Release batching: the leases the flows give back, sent together once per loop tick.
+
+A flow's `release` hook must stay near-instant (the last chunk is sent only after it returns), so
+`Releaser.release()` only queues the lease; a background loop sends what one loop tick queued in one
+pipelined round trip (no task per request). A failed send is logged: the leases expire on their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from redis.exceptions import RedisError
+
+from runtime.tasks import cancel_and_wait, spawn
+from store.slots import Lease, SlotPool
+
+logger = logging.getLogger(__name__)
+
+
+class Releaser:
+    """Gives leases back to the slot pool in batches; `start()` the loop, `close()` sends the rest."""
+
+    def __init__(self, pool: SlotPool) -> None:
+        self.pool = pool
+        self.released = 0  # leases handed to `release()` (queued; see the pool for what reached Redis)
+        self._queued: list[Lease] = []
+        self._wake = asyncio.Event()
+        self._loop: asyncio.Task[None] | None = None
+
+    def release(self, lease: Lease) -> None:
+        """Give `lease` back soon (in the next batch)."""
+        self.released += 1
+        if not self._queued:
+            self._wake.set()
+        self._queued.append(lease)
+        if self._loop is None:  # no release loop (not started, or stopping): send it now
+            spawn(self.send_queued(), name="kvgate-release-late")
+
+    async def start(self) -> None:
+        self._loop = spawn(self._run(), name="kvgate-release")
+
+    async def close(self) -> None:
+        """Stop the loop and send what the flows gave back last."""
+        await cancel_and_wait(self._loop)
+        self._loop = None
+        await self.send_queued()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self.send_queued()
+
+    async def send_queued(self) -> None:
+        batch, self._queued = self._queued, []
+        if not batch:
+            return
+        try:
+            await self.pool.release_many(batch)
+        except (RedisError, OSError) as e:  # the leases expire on their own
+            logger.warning("release of %d leases failed: %s", len(batch), e)
