@@ -73,6 +73,24 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+async def kv_faults(request: web.Request) -> web.Response:
+    """Faults for the next KV-event batches: {"drop": n, "duplicate": n, "reorder": n} (adds to them)."""
+    worker = request.app[WORKER]
+    try:
+        body = await read_json(request)
+        if worker.publisher is None:
+            raise ApiError(400, "this worker publishes no KV events")
+        if not isinstance(body, dict) or any(
+            k not in worker.publisher.faults or type(v) is not int or v < 0 for k, v in body.items()
+        ):
+            raise ApiError(400, "body: {drop, duplicate, reorder}: counts >= 0")
+    except ApiError as e:
+        return error_response(e)
+    for name, count in body.items():
+        worker.publisher.faults[name] += count
+    return web.json_response(worker.publisher.faults)
+
+
 async def inflight(request: web.Request) -> web.Response:
     return web.json_response({"request_ids": sorted(request.app[WORKER].held)})
 

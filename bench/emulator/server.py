@@ -27,6 +27,7 @@ from bench.emulator.endpoints import (
     health,
     inflight,
     json_not_found,
+    kv_faults,
     list_models,
     metrics_endpoint,
     reset_prefix_cache,
@@ -112,6 +113,7 @@ def create_app(config: EmulatorConfig) -> web.Application:
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_get("/kvgate/inflight", inflight)
+    app.router.add_post("/kvgate/kv_faults", kv_faults)
     return app
 
 

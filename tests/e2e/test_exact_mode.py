@@ -160,3 +160,36 @@ async def test_tokenize_failure_falls_back_to_approximate(
             assert metric(metrics.decode(), "kvgate_tokenize_total", model=MODEL) is None
     finally:
         await upstream.close()
+
+
+async def test_lost_duplicated_and_reordered_event_batches_leave_no_stale_entries(
+    redis: aioredis.Redis, workers: dict[str, str]
+) -> None:
+    """The emulated worker drops, duplicates or reorders KV-event batches on command; the agent resets
+    that worker's index at a gap, skips repeats and stragglers, so no entry outlives its block."""
+    url = workers["w1"]
+
+    async def w1_keys() -> set[int]:
+        return set((await index_store.load_snapshot(redis, MODEL)).get("w1", ()))
+
+    old = chat(MODEL, "first", system=SYSTEM, max_tokens=2)
+    await warm(redis, url, "w1", old)
+    # lost: the batch that clears the cache never arrives; the next batch shows the gap
+    assert (await post(f"{url}/kvgate/kv_faults", {"drop": 1}))[0] == 200
+    assert (await post(f"{url}/reset_prefix_cache", b""))[0] == 200
+    fresh = chat(MODEL, "second", system=SYSTEM.upper(), max_tokens=2)
+    await warm(redis, url, "w1", fresh)
+    assert not prefix_keys(old) & await w1_keys()  # stale entries of the dropped clear are gone
+
+    # duplicated: applied once, nothing reset
+    assert (await post(f"{url}/kvgate/kv_faults", {"duplicate": 1}))[0] == 200
+    dup = chat(MODEL, "third", system=SYSTEM.lower(), max_tokens=2)
+    await warm(redis, url, "w1", dup)
+    assert prefix_keys(fresh) <= await w1_keys()
+
+    # reordered: the later batch shows a gap (reset), the straggler is skipped
+    assert (await post(f"{url}/kvgate/kv_faults", {"reorder": 1}))[0] == 200
+    assert (await post(f"{url}/reset_prefix_cache", b""))[0] == 200  # held back, sent after the next
+    last = chat(MODEL, "fourth", system=SYSTEM.title(), max_tokens=2)
+    await warm(redis, url, "w1", last)
+    assert not (prefix_keys(fresh) | prefix_keys(dup)) & await w1_keys()
