@@ -32,8 +32,9 @@ $(VENV)/.installed: pyproject.toml
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
-typecheck: venv
+typecheck: venv  # strict over policy/ store/ runtime/ plugin/ agent/ ([tool.mypy] in pyproject.toml)
 	$(BIN)/mypy
 
 test: lint typecheck

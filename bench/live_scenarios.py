@@ -11,9 +11,9 @@ import random
 from dataclasses import dataclass
 
 from bench.loadgen import LiveRequest
+from policy.prefix import CHARS_PER_TOKEN  # the one estimate (PEERS §5: 4 characters per token)
 
 # ~4 characters per token in the emulated worker's tokenizer (bench/emulator)
-CHARS_PER_TOKEN = 4
 _WORDS = [
     "model",
     "cache",

@@ -115,7 +115,8 @@ class KvGate:
             workers=self.workers, router=self.router, hasher=self.hasher, pool=pool, releaser=releaser,
             pressure=self.pressure, decisions=self.decisions, process=self.process, local=self.local,
         )  # fmt: skip
-        self.parts = (Intake(context), Admission(context), Dispatch(context), Release(context))
+        dispatch = Dispatch(collect_usage=self.config.streaming.collect_usage, metrics=self.metrics)
+        self.parts = (Intake(context), Admission(context), dispatch, Release(context))
 
     @property
     def releases(self) -> int:
@@ -125,7 +126,7 @@ class KvGate:
     # -- hooks: the parts in order -----------------------------------------------------------------
     async def request(self, flow: http.HTTPFlow) -> None:
         if self.parts is None:  # not running (no Redis): never forward to the fallback upstream
-            flow.response = openai_error(503, "starting", "the gateway is not running yet")
+            flow.response = openai_error(503, "starting", "the gateway is not running yet", retry_after_s=1)
             return
         intake, admission, dispatch, _ = self.parts
         await intake.request(flow)

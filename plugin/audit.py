@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import LockError, RedisError
 
 from plugin.metrics import GatewayMetrics
 from runtime.tasks import cancel_and_wait, spawn
@@ -39,15 +39,6 @@ from store.slots import live_leases
 logger = logging.getLogger(__name__)
 
 LOCK_KEY = "kvg:audit:lock"
-# extend the lock only if we still hold it (a plain SET would steal it from a live holder)
-_EXTEND = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 @dataclass(frozen=True)
@@ -115,6 +106,10 @@ class Auditor:
         self.lock_key = lock_key
         self.last: dict[str, Drift] = {}  # model -> raw mismatch of the previous audit
         self._task: asyncio.Task[None] | None = None
+        # redis-py's Lock: SET NX PX to take it, a compare-and-extend script to keep it, a
+        # compare-and-delete to give it up; the token is this gateway's id (operators can read who audits)
+        self._lock = redis.lock(lock_key, timeout=max(1.0, period_s * 2), blocking=False, thread_local=False)
+        self._holding = False
 
     async def start(self) -> None:
         self._task = spawn(self._run(), name="kvgate-audit")
@@ -122,16 +117,21 @@ class Auditor:
     async def close(self) -> None:
         await cancel_and_wait(self._task)
         self._task = None
-        if self.redis is not None:
-            with contextlib.suppress(RedisError, OSError):  # let another gateway take over at once
-                await self.redis.eval(_RELEASE, 1, self.lock_key, self.gateway_id)
+        if self._holding:
+            with contextlib.suppress(LockError, RedisError, OSError):  # another gateway takes over at once
+                await self._lock.release()
+            self._holding = False
 
     async def take_lock(self) -> bool:
         """Hold (or keep holding) the audit lock for two periods."""
-        ttl_ms = max(1000, int(self.period_s * 2000))
-        if await self.redis.set(self.lock_key, self.gateway_id, nx=True, px=ttl_ms):
-            return True
-        return bool(await self.redis.eval(_EXTEND, 1, self.lock_key, self.gateway_id, ttl_ms))
+        if self._holding:
+            try:
+                await self._lock.reacquire()  # the TTL back to two periods, only if still ours
+                return True
+            except LockError:  # it expired (a long stall) and maybe another gateway took it
+                self._holding = False
+        self._holding = bool(await self._lock.acquire(token=self.gateway_id))
+        return self._holding
 
     async def audit_once(self) -> dict[str, Drift] | None:
         """One audit of every model; None if another gateway holds the lock."""

@@ -9,20 +9,22 @@ from __future__ import annotations
 
 from mitmproxy import http
 
-from plugin.context import GatewayContext
 from plugin.errors import GatewayError
 from plugin.flow import accepted, fail_closed
+from plugin.metrics import GatewayMetrics
 
 
 class Dispatch:
-    """Request-path part: rewrite the upstream of an admitted request."""
+    """Request-path part: rewrite the upstream of an admitted request. Needs only whether to ask for
+    usage (`[streaming] collect_usage`) and the metrics, not the whole gateway context."""
 
-    def __init__(self, ctx: GatewayContext) -> None:
-        self.ctx = ctx
+    def __init__(self, *, collect_usage: bool, metrics: GatewayMetrics) -> None:
+        self.collect_usage, self.metrics = collect_usage, metrics
 
     @fail_closed
     async def request(self, flow: http.HTTPFlow) -> None:
-        if (found := accepted(flow)) is None:
+        found = accepted(flow)
+        if found is None:
             return
         state, parsed = found.state, found.parsed
         route = state.route  # chosen and placed by admission
@@ -38,9 +40,9 @@ class Dispatch:
         request.scheme, request.data.host, request.port = up.scheme, up.host, up.port
         request.headers["x-request-id"] = state.request_id
         ask_usage = parsed.endpoint.request_usage
-        wanted = parsed.stream and not parsed.include_usage and self.ctx.config.streaming.collect_usage
+        wanted = parsed.stream and not parsed.include_usage and self.collect_usage
         if ask_usage is not None and wanted:
             request.content = ask_usage(request.content or b"", parsed.body)
             state.usage_requested = True
         kind = "hit" if route.view.prefix_hits.get(route.worker.id, 0) else "miss"
-        self.ctx.metrics.routed.inc(parsed.model, route.worker.id, kind)
+        self.metrics.routed.inc(parsed.model, route.worker.id, kind)

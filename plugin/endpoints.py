@@ -18,9 +18,8 @@ from plugin.config import LimitsSection
 from plugin.errors import GatewayError
 from plugin.streaming import Usage, meter_json_body
 from plugin.tokenize import TokenizeRequest, chat_tokenize_request, completion_tokenize_request
-from policy.prefix import chat_text, completion_text
+from policy.prefix import ROLES, chat_text, completion_text
 
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 LocalEndpoint = Literal["models", "healthz", "metrics"]
 
 
@@ -108,24 +107,19 @@ def _check_prompt(prompt: object, limits: LimitsSection) -> None:
         )
 
 
-CHAT = Endpoint(
-    name="chat",
-    path="/v1/chat/completions",
-    check_body=lambda body, limits: _check_messages(body.get("messages"), limits),
-    prefix_text=chat_text,
-    tokenize_request=chat_tokenize_request,
-    request_usage=with_usage_requested,
-    meter_body=meter_json_body,
-)
-COMPLETIONS = Endpoint(
-    name="completions",
-    path="/v1/completions",
-    check_body=lambda body, limits: _check_prompt(body.get("prompt"), limits),
-    prefix_text=completion_text,
-    tokenize_request=completion_tokenize_request,
-    request_usage=with_usage_requested,
-    meter_body=meter_json_body,
-)
+def _check_chat(body: dict[str, Any], limits: LimitsSection) -> None:
+    _check_messages(body.get("messages"), limits)
+
+
+def _check_completion(body: dict[str, Any], limits: LimitsSection) -> None:
+    _check_prompt(body.get("prompt"), limits)
+
+
+# name, path, check_body, prefix_text, tokenize_request, request_usage, meter_body
+CHAT = Endpoint("chat", "/v1/chat/completions", _check_chat, chat_text, chat_tokenize_request,
+                with_usage_requested, meter_json_body)  # fmt: skip
+COMPLETIONS = Endpoint("completions", "/v1/completions", _check_completion, completion_text,
+                       completion_tokenize_request, with_usage_requested, meter_json_body)  # fmt: skip
 ENDPOINTS: dict[str, Endpoint] = {e.name: e for e in (CHAT, COMPLETIONS)}
 
 # path -> (endpoint, allowed method); the gateway's own endpoints answer GET (and HEAD)

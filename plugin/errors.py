@@ -29,16 +29,9 @@ ERROR_TYPES: dict[int, str] = {
 class GatewayError(Exception):
     """A request kvgate answers itself with an error; raised by the pure checks, turned into a response."""
 
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        *,
-        param: str | None = None,
-        retry_after_s: float | None = None,
-        extra: dict[str, object] | None = None,
-    ) -> None:
+    def __init__(self, status: int, code: str, message: str, *, param: str | None = None,
+                 retry_after_s: float | None = None, extra: dict[str, object] | None = None,
+                 ) -> None:  # fmt: skip
         super().__init__(message)
         self.status = status
         self.code = code

@@ -144,7 +144,7 @@ class GatewayMetrics:
             ("model",),
         )
         self.inflight = Gauge(
-            "kvgate_inflight_requests", "Requests this gateway holds a slot for.", ("model",)
+            "kvgate_inflight_requests", "Requests this gateway routed and not finished.", ("model",)
         )
         self.routed = Counter(
             "kvgate_routing_decisions_total",

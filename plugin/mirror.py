@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from runtime.tasks import cancel_and_wait, spawn
-from store import index_store, registry
+from store import index_store, reconnect, registry
 from store.registry import WorkerRecord
 
 logger = logging.getLogger(__name__)
@@ -140,6 +140,7 @@ class ClusterMirror:
 
     async def _tail_loop(self, model: str) -> None:
         cursor: str | None = None
+        failures = 0  # consecutive, for the backoff before reloading
         while True:
             try:
                 if cursor is None:
@@ -156,7 +157,9 @@ class ClusterMirror:
                     )
                 if ops and self.on_index_ops:
                     self.on_index_ops(model, ops)
+                failures = 0
             except (RedisError, OSError) as e:
                 logger.warning("prefix index tail of %s failed: %s; reloading", model, e)
                 cursor = None
-                await asyncio.sleep(1.0)
+                failures += 1
+                await asyncio.sleep(reconnect.delay_s(failures))

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from hashlib import blake2b
 
 from plugin.flow import Prompt
-from policy.prefix import CHARS_PER_TOKEN, DEFAULT_MAX_BLOCKS, _seed, canonical_text, text_block_hashes
+from policy.prefix import (
+    CHARS_PER_TOKEN,
+    DEFAULT_MAX_BLOCKS,
+    _seed,
+    canonical_text,
+    chunk_tokens,
+    text_block_hashes,
+)  # fmt: skip
 
 RecentKey = tuple[str, int, str]
 
@@ -110,11 +117,7 @@ class PromptHasher:
             hashes.append(int.from_bytes(digest, "little"))
         if key is not None and (recent is None or (len(recent.pieces) < full and len(recent.pieces) == done)):
             self._remember(key, text, chunk_chars, full, hashes, digests)
-        full_tokens = -(-chunk_chars // CHARS_PER_TOKEN)
-        tokens = [full_tokens] * len(hashes)
-        if hashes and end % chunk_chars:
-            tokens[-1] = -(-(end % chunk_chars) // CHARS_PER_TOKEN)
-        return tuple(hashes), tuple(tokens)
+        return tuple(hashes), chunk_tokens(len(hashes), end, chunk_chars)
 
     def _remember(
         self, key: RecentKey, text: str, chunk_chars: int, full: int, hashes: list[int], digests: list[bytes]

@@ -25,12 +25,13 @@ import itertools
 import logging
 import random
 import time
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
+from cachetools import FIFOCache
 from redis.exceptions import RedisError
 
 from plugin.config import ConfigError, RoutingSection
@@ -58,8 +59,8 @@ PUBLISHED_MAX = 100_000  # per worker, bounded memory for that bookkeeping
 DEFAULT_CAPACITY_TOKENS = 1_000_000  # a worker that did not report its KV size
 DEFAULT_BLOCK_SIZE = 16  # exact mode, when neither the config nor the agents give a block size
 # Index writes are batched this long: each batch costs ~0.3 ms of redis-py CPU here and as much again
-# in every gateway's mirror reading it back, so at 20 ms they cost ~0.15 ms per request at ~170 req/s;
-# other gateways learn a placement up to this much later.
+# in every gateway's mirror reading it back, whatever the number of requests it carries, so a longer
+# window costs less per request; other gateways learn a placement up to this much later.
 INDEX_BATCH_S = 0.1
 
 
@@ -157,7 +158,8 @@ class Router:
         self._round_robin = itertools.count()
         self._upstreams: dict[str, Upstream] = {}
         self._pending_index: dict[tuple[str, str], tuple[int, list[int]]] = {}
-        self._published: dict[tuple[str, str], OrderedDict[int, float]] = {}
+        # per (model, worker): block hash -> when this gateway last published it (oldest write evicted first)
+        self._published: dict[tuple[str, str], FIFOCache[int, float]] = {}
         self._writer: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
@@ -250,22 +252,9 @@ class Router:
         worker = next(w for w in workers if w.id == decision.worker)
         return Route(model, worker, self.upstream(worker.url), decision, view)
 
-    def route(
-        self,
-        *,
-        request_id: str,
-        model: str,
-        prompt: Prompt,
-        max_tokens: int,
-        band: Band,
-        tenant: str,
-        workers: Sequence[WorkerRecord],
-    ) -> Route | None:
-        """`choose()`, then `reserve()` and `record()` the choice (a request placed at once)."""
-        route = self.choose(
-            request_id=request_id, model=model, prompt=prompt, max_tokens=max_tokens, band=band,
-            tenant=tenant, workers=workers,
-        )  # fmt: skip
+    def route(self, **request: Any) -> Route | None:
+        """`choose(**request)`, then `reserve()` and `record()` the choice (a request placed at once)."""
+        route = self.choose(**request)
         if route is not None:
             self.reserve(route)
             self.record(route)
@@ -352,15 +341,12 @@ class Router:
         now = time.monotonic()
         recent = self._published.get(key)
         if recent is None:
-            recent = self._published[key] = OrderedDict()
+            recent = self._published[key] = FIFOCache(maxsize=PUBLISHED_MAX)
         fresh = [h for h in hashes if now - recent.get(h, -REPUBLISH_S) >= REPUBLISH_S]
         if not fresh:
             return
         for h in fresh:
-            recent[h] = now
-            recent.move_to_end(h)
-        while len(recent) > PUBLISHED_MAX:
-            recent.popitem(last=False)
+            recent[h] = now  # a rewrite moves it to the back
         capacity = self.model(model)._capacity_blocks(worker.capacity_tokens or DEFAULT_CAPACITY_TOKENS)
         entry = self._pending_index.get(key)
         if entry is None:

@@ -280,6 +280,8 @@ def default_quota(
 
 
 # ---- the state machine the Lua scripts implement --------------------------------------------------
+# One family of replies for both: `AdmissionState` below and the scripts' wrappers (store/scripts.py),
+# which also fill in what only the server knows (hold time, capacity, its clock).
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,18 +290,36 @@ class AdmitResult:
     seats: int
     ahead: int  # waiters before it in its band + all waiters in higher bands
     granted: tuple[str, ...]  # other waiters this call granted
+    hold_ms: int = 0  # moving average of how long leases are held (0 = no data yet; scripts only)
+    capacity: int = -1  # model total in seats, -1 = unlimited (scripts only)
+    now_ms: int = 0  # the clock the decision used (scripts only)
 
 
 @dataclass(frozen=True, slots=True)
 class ReleaseResult:
     code: ReleaseCode
     granted: tuple[str, ...]
+    hold_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class CheckResult:
     status: CheckStatus
     ahead: int
+    granted: tuple[str, ...]
+    hold_ms: int = 0
+    capacity: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    code: ClaimCode
+    granted: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RenewResult:
+    lost: tuple[str, ...]  # leases that had already expired (their seats are gone)
     granted: tuple[str, ...]
 
 

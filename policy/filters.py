@@ -111,10 +111,10 @@ class ReplicaCap:
     requests + 1. Then a new replica may form."""
 
     ttft: PredictedTtft
-    cap: int = 3
-    hot_rate_per_s: float = 0.5
-    overload_ttft_s: float = 1.0
-    overload_load_ratio: float = 1.25
+    cap: int  # the defaults of these four are ReplicaConfig's (policy/config.py), defined once there
+    hot_rate_per_s: float
+    overload_ttft_s: float
+    overload_load_ratio: float
     name: str = "replica-cap"
 
     def filter(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> list[WorkerView]:

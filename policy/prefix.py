@@ -23,7 +23,8 @@ from hashlib import blake2b
 CHARS_PER_TOKEN = 4  # rough estimate for English text; only used to weigh approximate blocks
 DEFAULT_CHUNK_CHARS = 256  # 64 tokens per approximate block
 DEFAULT_MAX_BLOCKS = 512  # 128k characters ≈ 32k tokens; later text does not change routing
-_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# the chat roles an OpenAI request may carry (the gateway refuses others: plugin/endpoints.py)
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
 def _seed(model: str) -> bytes:
@@ -70,8 +71,8 @@ def _message_text(msg: object, where: str) -> str:
     if not isinstance(msg, Mapping):
         raise ValueError(f"{where} must be an object")
     role = msg.get("role")
-    if not isinstance(role, str) or role not in _ROLES:
-        raise ValueError(f"{where}.role must be one of {sorted(_ROLES)}, not {role!r}")
+    if not isinstance(role, str) or role not in ROLES:
+        raise ValueError(f"{where}.role must be one of {sorted(ROLES)}, not {role!r}")
     head = f"<|{role}"
     name = msg.get("name")
     if name is not None:
@@ -174,11 +175,15 @@ def text_block_hashes(
     for chunk in chunks:
         prev = blake2b(prev + chunk, digest_size=8).digest()
         hashes.append(int.from_bytes(prev, "little"))
-    full_tokens = -(-chunk_chars // CHARS_PER_TOKEN)
-    tokens = [full_tokens] * len(hashes)
-    if hashes and end % chunk_chars:
+    return tuple(hashes), chunk_tokens(len(hashes), end, chunk_chars)
+
+
+def chunk_tokens(chunks: int, end: int, chunk_chars: int) -> tuple[int, ...]:
+    """Estimated tokens of each of `chunks` text chunks covering `end` characters: ceil(chars / 4)."""
+    tokens = [-(-chunk_chars // CHARS_PER_TOKEN)] * chunks
+    if chunks and end % chunk_chars:
         tokens[-1] = -(-(end % chunk_chars) // CHARS_PER_TOKEN)
-    return tuple(hashes), tuple(tokens)
+    return tuple(tokens)
 
 
 def token_block_hashes(

@@ -13,13 +13,22 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
-from policy.admission import AdmitCode, CheckStatus, ClaimCode, ReleaseCode
+from policy.admission import (
+    AdmitCode,
+    AdmitResult,
+    CheckResult,
+    CheckStatus,
+    ClaimCode,
+    ClaimResult,
+    ReleaseCode,
+    ReleaseResult,
+    RenewResult,
+)  # fmt: skip
 from policy.types import Band
 from store import keys
 from store.keys import PREFIX, model_key
@@ -56,45 +65,6 @@ def _model_keys(model: str, worker: str | None) -> tuple[str, ...]:
 def quota_key(model: str) -> str:
     """HASH of the model's limits (docs/ADMISSION.md); scripts read it on every call."""
     return model_key(model, "quota")
-
-
-@dataclass(frozen=True, slots=True)
-class AcquireReply:
-    code: AdmitCode
-    seats: int
-    ahead: int  # waiters ahead of this one (own band, earlier) + all waiters in higher bands
-    hold_ms: int  # moving average of how long leases are held (0 = no data yet)
-    capacity: int  # model total in seats, -1 = unlimited
-    now_ms: int
-    granted: tuple[str, ...]  # other waiters granted by this call (also published)
-
-
-@dataclass(frozen=True, slots=True)
-class ReleaseReply:
-    code: ReleaseCode
-    hold_ms: int
-    granted: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class CheckReply:
-    status: CheckStatus
-    ahead: int
-    hold_ms: int
-    capacity: int
-    granted: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimReply:
-    code: ClaimCode
-    granted: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class RenewReply:
-    lost: tuple[str, ...]
-    granted: tuple[str, ...]
 
 
 def _text(value: Any) -> str:
@@ -165,21 +135,22 @@ class AdmissionScripts:
         gateway_id: str,
         now_ms: int | None = None,
         worker: str | None = None,
-    ) -> AcquireReply:
+    ) -> AdmitResult:
         """With `worker`, also checks that worker's max_concurrency (two-step admission)."""
         args = (request_id, int(band), tenant, seats, lease_ms, max_wait_ms, gateway_id, worker or "")
         r = await self._call("acquire", model, now_ms, *args, worker=worker)
-        return AcquireReply(
-            AdmitCode(int(r[0])), int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), _ids(r[6])
-        )
+        return AdmitResult(
+            AdmitCode(int(r[0])), int(r[1]), int(r[2]), _ids(r[6]),
+            hold_ms=int(r[3]), capacity=int(r[4]), now_ms=int(r[5]),
+        )  # fmt: skip
 
     async def release(
         self, model: str, request_id: str, now_ms: int | None = None, worker: str | None = None
-    ) -> ReleaseReply:
+    ) -> ReleaseResult:
         """With the lease's `worker`, also announces on the channel when that worker stops being full."""
         args = (request_id, model) if worker else (request_id,)
         r = await self._call("release", model, now_ms, *args, worker=worker)
-        return ReleaseReply(ReleaseCode(int(r[0])), int(r[1]), _ids(r[2]))
+        return ReleaseResult(ReleaseCode(int(r[0])), _ids(r[2]), hold_ms=int(r[1]))
 
     async def release_many(self, leases: Sequence[tuple[str, str, str | None]]) -> None:
         """`release` for each (model, request id, worker), sent together in one write (one round trip)."""
@@ -197,20 +168,22 @@ class AdmissionScripts:
         for model, rid, worker in leases:
             await self.release(model, rid, worker=worker)
 
-    async def claim(self, model: str, request_id: str, worker: str, now_ms: int | None = None) -> ClaimReply:
+    async def claim(self, model: str, request_id: str, worker: str, now_ms: int | None = None) -> ClaimResult:
         """Place a held lease on a worker (step two for a request that was granted after waiting)."""
         r = await self._call("claim", model, now_ms, request_id, worker, worker=worker)
-        return ClaimReply(ClaimCode(int(r[0])), _ids(r[1]))
+        return ClaimResult(ClaimCode(int(r[0])), _ids(r[1]))
 
     async def renew(
         self, model: str, request_ids: Sequence[str], lease_ms: int, now_ms: int | None = None
-    ) -> RenewReply:
+    ) -> RenewResult:
         r = await self._call("renew", model, now_ms, lease_ms, *request_ids)
-        return RenewReply(_ids(r[0]), _ids(r[1]))
+        return RenewResult(_ids(r[0]), _ids(r[1]))
 
-    async def check(self, model: str, request_id: str, now_ms: int | None = None) -> CheckReply:
+    async def check(self, model: str, request_id: str, now_ms: int | None = None) -> CheckResult:
         r = await self._call("check", model, now_ms, request_id)
-        return CheckReply(CheckStatus(int(r[0])), int(r[1]), int(r[2]), int(r[3]), _ids(r[4]))
+        return CheckResult(
+            CheckStatus(int(r[0])), int(r[1]), _ids(r[4]), hold_ms=int(r[2]), capacity=int(r[3])
+        )
 
     async def snapshot(self, model: str, now_ms: int | None = None) -> dict[str, Any]:
         """Seats in use per dimension, the quota, queue lengths per band, live leases."""

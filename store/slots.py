@@ -27,6 +27,7 @@ import redis.asyncio as aioredis
 from policy.admission import AdmitCode, CheckStatus, ClaimCode, Quota, estimated_wait_s
 from policy.types import Band
 from runtime.tasks import cancel_and_wait, spawn
+from store import reconnect
 from store.scripts import GRANTED_CHANNEL, AdmissionScripts, model_keys, quota_key, register_scripts
 
 logger = logging.getLogger(__name__)
@@ -339,16 +340,19 @@ class SlotPool:
 
     async def _listen(self) -> None:
         """Wake local waiters named in grant messages; reconnects after errors."""
+        failures = 0
         while True:
             try:
                 async for message in self._pubsub.listen():
+                    failures = 0
                     if message.get("type") == "message":
                         self._wake(message["data"])
             except asyncio.CancelledError:
                 raise
             except Exception:
+                failures += 1
                 logger.warning("admission grant subscription failed; retrying", exc_info=True)
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(reconnect.delay_s(failures))
 
     def _wake(self, data: bytes | str) -> None:
         try:

@@ -24,8 +24,9 @@ from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from policy.prefix import CHARS_PER_TOKEN  # the one estimate (PEERS §5: 4 characters per token)
+
 VOCAB_SIZE = 128_256  # Llama-3's vocabulary size
-CHARS_PER_TOKEN = 4
 ROOT_KEY = int.from_bytes(hashlib.blake2b(b"kvgate-emulator-root", digest_size=8).digest(), "big")
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 

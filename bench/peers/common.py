@@ -15,8 +15,6 @@ from typing import TypeVar
 
 from bench.sim.types import SimRequest
 
-CHARS_PER_TOKEN = 4  # PEERS §5: char-level peers see 4 chars per token
-
 T = TypeVar("T")
 
 

@@ -23,8 +23,9 @@ Match-time touches (p = 1/8) are omitted: the insert right after the decision to
 
 from __future__ import annotations
 
-from bench.peers.common import CHARS_PER_TOKEN, TenantBlockTree, first_argmin
+from bench.peers.common import TenantBlockTree, first_argmin
 from bench.sim.types import ClusterView, SimRequest
+from policy.prefix import CHARS_PER_TOKEN
 
 CACHE_THRESHOLD = 0.3
 BALANCE_ABS_THRESHOLD = 64

@@ -29,6 +29,7 @@ from aiohttp import web
 
 from bench.stack import stop_process
 from store.redis_server import free_port
+from tests.polling import until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,13 +37,8 @@ REPO = Path(__file__).resolve().parents[2]
 async def poll(
     check: Callable[[], Awaitable[bool]], timeout_s: float, what: str, interval_s: float = 0.02
 ) -> None:
-    """Wait until `check()` is true (polling, never a fixed sleep); fail with `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    """`tests.polling.until` with the argument order the e2e tests use."""
+    await until(check, what, timeout_s, interval_s)
 
 
 @dataclass

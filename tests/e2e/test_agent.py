@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -32,6 +32,7 @@ from policy.prefix import token_block_hashes
 from store import index_store, registry
 from store.redis_server import free_port
 from store.registry import WorkerRecord
+from tests.polling import until
 
 pytestmark = pytest.mark.e2e
 
@@ -96,15 +97,6 @@ async def serve(app: web.Application, port: int) -> AsyncIterator[None]:
         yield
     finally:
         await runner.cleanup()
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def now_ms() -> int:
@@ -172,7 +164,7 @@ async def test_registers_renews_reports_load_and_expires_when_worker_stops(
         async def registered() -> bool:
             return (w := await worker(redis)) is not None and w.running == 3
 
-        await eventually(registered, "registration")
+        await until(registered, "registration", timeout_s=WAIT_S)
         first = await worker(redis)
         assert first is not None
         assert (first.url, first.max_concurrency, first.capacity_tokens, first.block_size) == (
@@ -189,7 +181,7 @@ async def test_registers_renews_reports_load_and_expires_when_worker_stops(
             w = await worker(redis)
             return w is not None and w.running == 0 and w.lease_expiry_ms > first.lease_expiry_ms + 100
 
-        await eventually(renewed_with_new_load, "a heartbeat with the new load")
+        await until(renewed_with_new_load, "a heartbeat with the new load", timeout_s=WAIT_S)
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://127.0.0.1:{agent_port}/healthz") as resp:
                 assert resp.status == 200
@@ -204,7 +196,7 @@ async def test_registers_renews_reports_load_and_expires_when_worker_stops(
         w = await worker(redis)
         return w is not None and not w.live
 
-    await eventually(expired, "lease expiry after the worker stopped")
+    await until(expired, "lease expiry after the worker stopped", timeout_s=WAIT_S)
     stale = await worker(redis)
     assert stale is not None
     # the worker comes back on the same port: a restart, so a new epoch and a live lease again
@@ -214,7 +206,7 @@ async def test_registers_renews_reports_load_and_expires_when_worker_stops(
             w = await worker(redis)
             return w is not None and w.live and w.epoch > stale.epoch
 
-        await eventually(back, "re-registration with a new epoch")
+        await until(back, "re-registration with a new epoch", timeout_s=WAIT_S)
         # a stopped agent takes its worker out of the pool at once
         agent.send_signal(signal.SIGTERM)
         assert await wait_process(agent) == 0
@@ -233,7 +225,7 @@ async def test_drain_waits_for_in_flight_requests_then_agent_deregisters(
         async def registered() -> bool:
             return await worker(redis) is not None
 
-        await eventually(registered, "registration under the model from /v1/models")
+        await until(registered, "registration under the model from /v1/models", timeout_s=WAIT_S)
         drain = processes(
             "drain", "w1", "--model", MODEL, "--redis", redis_url, "--wait", "--timeout-s", "20"
         )
@@ -245,7 +237,7 @@ async def test_drain_waits_for_in_flight_requests_then_agent_deregisters(
             ):
                 return bool((await resp.json())["draining"])
 
-        await eventually(agent_sees_drain, "the agent to see the drain flag")
+        await until(agent_sees_drain, "the agent to see the drain flag", timeout_s=WAIT_S)
         w = await worker(redis)
         assert w is not None and w.draining and w.live
         assert drain.poll() is None and agent.poll() is None, (
@@ -311,7 +303,7 @@ async def test_kv_events_reach_the_index_store(
                 await publish(batch(["BlockStored", [101], None, tokens[:16], 16, None, "GPU"]))
                 return (await index()).get("w1") == [keys[0]]
 
-            await eventually(root_indexed, "the first stored block in the index")
+            await until(root_indexed, "the first stored block in the index", timeout_s=WAIT_S)
             epoch = (await worker(redis)).epoch  # type: ignore[union-attr]
 
             # map encoding (vLLM >= 0.26): two child blocks continue the chain from engine block 101
@@ -322,20 +314,20 @@ async def test_kv_events_reach_the_index_store(
             async def children_indexed() -> bool:
                 return sorted((await index()).get("w1", [])) == sorted(keys)
 
-            await eventually(children_indexed, "child blocks re-hashed with the router's chain")
+            await until(children_indexed, "child blocks re-hashed with the router's chain", timeout_s=WAIT_S)
             await publish(batch(["BlockRemoved", [103], "GPU"]))
 
             async def removed() -> bool:
                 return sorted((await index()).get("w1", [])) == sorted(keys[:2])
 
-            await eventually(removed, "a removed block to leave the index")
+            await until(removed, "a removed block to leave the index", timeout_s=WAIT_S)
             await publish(batch(["AllBlocksCleared"]))
 
             async def cleared() -> bool:
                 w = await worker(redis)
                 return "w1" not in await index() and w is not None and w.epoch > epoch
 
-            await eventually(cleared, "AllBlocksCleared to clear the index and bump the epoch")
+            await until(cleared, "AllBlocksCleared to clear the index and bump the epoch", timeout_s=WAIT_S)
     finally:
         pub.close(linger=0)
         ctx.term()
@@ -359,7 +351,7 @@ async def test_agent_against_the_emulated_worker_indexes_its_kv_events(
             w = await worker(redis)
             return w is not None and w.capacity_tokens > 0
 
-        await eventually(registered, "registration with the emulator's capacity")
+        await until(registered, "registration with the emulator's capacity", timeout_s=WAIT_S)
         prompt = list(range(100, 164))  # 4 full blocks
         keys = set(token_block_hashes(prompt, model=MODEL, block_size=16)[0])
         async with aiohttp.ClientSession() as session:
@@ -370,7 +362,7 @@ async def test_agent_against_the_emulated_worker_indexes_its_kv_events(
                     assert resp.status == 200, await resp.text()
                 return keys <= set((await index_store.load_snapshot(redis, MODEL)).get("w1", []))
 
-            await eventually(prompt_indexed, "the prompt's blocks in the index")
+            await until(prompt_indexed, "the prompt's blocks in the index", timeout_s=WAIT_S)
         w = await worker(redis)
         assert w is not None and json.dumps(w.inflight_ids) == "[]"
     finally:

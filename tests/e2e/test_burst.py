@@ -35,4 +35,6 @@ async def test_burst_never_exceeds_the_quota_and_returns_every_slot(tmp_path: Pa
     assert report["slots_held_after"] == 0
     assert report["high_burst_errors"] == 0 and report["other_errors"] == 0, report
     assert report["low_completed"] > 0
-    assert report["wake_p99"] > 0  # the probe request reached a worker
+    # the probe requests reached a worker, woken by the grant well within their wait budget (the 50 ms
+    # goal is the benchmark's, bench/burst.py; a unit test only bounds it loosely against loop stalls)
+    assert 0 < report["wake_p50"] <= report["wake_p99"] < 2.0, report

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 
@@ -28,6 +28,7 @@ from bench.emulator.metrics import parse_prometheus_text, sample_value
 from bench.emulator.server import EmulatorConfig, start_emulator
 from bench.emulator.tokenizer import full_block_keys, render_chat, tokenize
 from store.redis_server import free_port
+from tests.polling import until
 
 pytestmark = pytest.mark.e2e
 
@@ -66,13 +67,6 @@ async def metrics(session: aiohttp.ClientSession, url: str) -> list:
 
 async def metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
     return sample_value(await metrics(session, url), name, model_name=MODEL)
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict | str]:
@@ -221,7 +215,7 @@ async def test_client_disconnect_aborts_the_request(prompt: str, read_first_chun
             async with session.get(f"{url}/kvgate/inflight") as r:
                 return (await r.json())["request_ids"] == ["req-disconnect"]
 
-        await eventually(held)
+        await until(held, "a seat held", timeout_s=10.0)
         if read_first_chunk:
             await resp.content.readline()
             assert await metric(session, url, "vllm:num_requests_running") == 1
@@ -236,7 +230,7 @@ async def test_client_disconnect_aborts_the_request(prompt: str, read_first_chun
             )
             return ids == [] and busy == 0
 
-        await eventually(freed)
+        await until(freed, "the seat freed", timeout_s=10.0)
         # the worker still serves
         async with session.post(f"{url}/v1/chat/completions", json=chat("after", max_tokens=2)) as ok:
             assert ok.status == 200

@@ -17,6 +17,6 @@ def test_small_run_reports_and_profiles(tmp_path: Path, capsys: pytest.CaptureFi
     line = capsys.readouterr().out
     found = re.search(r"40 requests, concurrency 4: (\d+) µs CPU per request .* releases (\d+)\)", line)
     assert found is not None, line
-    assert int(found[1]) > 0
+    assert 5 <= int(found[1]) <= 1_000_000  # hooks cost CPU: more than nothing, less than a second each
     assert int(found[2]) == 240  # 200 warm-up + 40 measured, each released once
     assert pstats.Stats(str(profile)).total_calls > 0

@@ -23,6 +23,7 @@ from plugin.quotas import write_quota
 from policy.admission import Quota
 from store import registry
 from store.registry import WorkerRecord
+from tests.polling import until
 
 MODEL = "m"
 
@@ -100,6 +101,19 @@ def test_invalid_config_is_an_options_error(tmp_path: Path) -> None:
         tctx.configure(addon, kvgate_config=str(bad))
 
 
+async def until_released_in_redis(gate: KvGate) -> None:
+    """The lease reached Redis's release script: no lease and no seat left for the model there."""
+    assert gate.pool is not None
+
+    async def released() -> bool:
+        assert gate.pool is not None
+        snap = await gate.pool.snapshot(MODEL)
+        return snap["leases"] == 0 and snap["used"]["total"] == 0
+
+    await until(released, "the release to reach Redis")
+    assert gate.pool.held() == 0
+
+
 async def test_admitted_request_is_rerouted_and_released_once(gate: KvGate) -> None:
     flow = request_flow(headers={"x-kvgate-priority": "high", "authorization": "Bearer k-gold"})
     await run_request(gate, flow)
@@ -117,6 +131,7 @@ async def test_admitted_request_is_rerouted_and_released_once(gate: KvGate) -> N
     flow.error = tflow.terr("late error")
     gate.error(flow)
     assert gate.releases == 1  # response and error both fired; released exactly once
+    await until_released_in_redis(gate)
 
 
 async def test_client_gone_mid_stream_releases(gate: KvGate) -> None:
@@ -126,6 +141,7 @@ async def test_client_gone_mid_stream_releases(gate: KvGate) -> None:
     flow.error = tflow.terr("Client disconnected.")
     gate.error(flow)
     assert gate.releases == 1
+    await until_released_in_redis(gate)
 
 
 async def test_band_is_clamped_for_the_tenant(gate: KvGate) -> None:

@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import redis.asyncio as aioredis
 
 from plugin.mirror import ClusterMirror, wall_ms
 from store import index_store, registry
 from store.registry import WorkerRecord
-
-
-async def until(check, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
+from tests.polling import until
 
 
 async def test_mirror_follows_registry_and_index(redis: aioredis.Redis) -> None:

@@ -9,7 +9,7 @@ its own), which is exactly the case step two exists for.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,7 @@ from policy.types import Band
 from store import registry
 from store.registry import WorkerRecord
 from store.slots import Lease, SlotPool, Ticket
+from tests.polling import until
 from tests.unit.plugin.test_addon import MODEL, error_of, request_flow, running_gate
 
 
@@ -64,13 +65,6 @@ async def gate(request: pytest.FixtureRequest, redis: aioredis.Redis, redis_url:
     config = await write_setup(redis, tmp_path, request.param)
     async with running_gate(config, redis_url) as addon:
         yield addon
-
-
-async def until(check: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
-    """Poll `check` (never a fixed sleep); fail naming `what` after `timeout_s`."""
-    async with asyncio.timeout(timeout_s):
-        while not check():
-            await asyncio.sleep(0.01)
 
 
 def full_events(gate: KvGate) -> float:

@@ -206,5 +206,5 @@ HELD_BY_AB = {"prefix_hits": {"a": 2, "b": 2}}
 def test_replica_cap(
     cap: int, request_view: RequestView, workers: list[WorkerView], expected: list[str]
 ) -> None:
-    flt = ReplicaCap(TTFT, cap=cap, hot_rate_per_s=1.0, overload_ttft_s=1.0)
+    flt = ReplicaCap(TTFT, cap=cap, hot_rate_per_s=1.0, overload_ttft_s=1.0, overload_load_ratio=1.25)
     assert ids(flt.filter(request_view, workers, 0.0)) == expected

@@ -1,0 +1,20 @@
+"""bench/sim/same_results.py: wall times are ignored, any other difference is reported."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.sim import same_results
+
+
+def test_only_wall_time_may_differ(tmp_path: Path) -> None:
+    run = {"runs": [{"policy": "kvgate", "wall_s": 1.0, "metrics": {"ttft_p99": 0.5}}]}
+    other = {"runs": [{"policy": "kvgate", "wall_s": 9.0, "metrics": {"ttft_p99": 0.5}}]}
+    changed = {"runs": [{"policy": "kvgate", "wall_s": 1.0, "metrics": {"ttft_p99": 0.6}}]}
+    paths = []
+    for name, data in (("a", run), ("b", other), ("c", changed)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(data))
+    assert same_results.main([str(paths[0]), str(paths[1])]) == 0
+    assert same_results.main([str(paths[0]), str(paths[2])]) == 1

@@ -1,0 +1,58 @@
+"""plugin/dispatch.py, built with only what it reads (whether to ask for usage, the metrics): the upstream
+rewrite, x-request-id and the usage request."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from plugin.auth import Caller
+from plugin.config import LimitsSection, RoutingSection
+from plugin.dispatch import Dispatch
+from plugin.endpoints import ENDPOINTS
+from plugin.flow import STATE, FlowState
+from plugin.metrics import GatewayMetrics
+from plugin.parse import parse_completion
+from plugin.prefix_memo import hash_prompt
+from plugin.routing import Router
+from policy.types import Band
+from store.registry import WorkerRecord
+from tests.unit.plugin.test_addon import MODEL, request_flow
+
+WORKER = WorkerRecord(id="w0", model=MODEL, url="http://10.0.0.7:8123", lease_expiry_ms=2**62)
+
+
+def admitted(body: dict[str, object]) -> tuple[object, FlowState]:
+    flow = request_flow(body)
+    parsed = parse_completion(ENDPOINTS["chat"], flow.request.content or b"", LimitsSection())
+    prompt = hash_prompt(parsed.body, MODEL, 256)
+    state = FlowState(request_id="rid-1", received_at=0.0, parsed=parsed, prompt=prompt,
+                      caller=Caller(tenant="t", band=Band.NORMAL, max_wait_s=0.0))  # fmt: skip
+    state.route = Router(RoutingSection()).choose(
+        request_id="rid-1", model=MODEL, prompt=prompt, max_tokens=4, band=Band.NORMAL, tenant="t",
+        workers=[WORKER],
+    )  # fmt: skip
+    flow.metadata[STATE] = state
+    return flow, state
+
+
+@pytest.mark.parametrize("collect_usage", [True, False])
+async def test_an_admitted_stream_goes_to_its_worker_with_usage_asked_for(collect_usage: bool) -> None:
+    metrics = GatewayMetrics()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    flow, state = admitted(body)
+    await Dispatch(collect_usage=collect_usage, metrics=metrics).request(flow)  # type: ignore[arg-type]
+    request = flow.request  # type: ignore[attr-defined]
+    assert (request.scheme, request.host, request.port) == ("http", "10.0.0.7", 8123)
+    assert request.headers["x-request-id"] == "rid-1"
+    sent = json.loads(request.content)
+    assert ("stream_options" in sent) is collect_usage and state.usage_requested is collect_usage
+    assert metrics.routed.get(MODEL, "w0", "miss") == 1
+
+
+async def test_a_request_without_a_route_is_503_not_forwarded() -> None:
+    flow, state = admitted({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    state.route = None
+    await Dispatch(collect_usage=True, metrics=GatewayMetrics()).request(flow)  # type: ignore[arg-type]
+    assert flow.response is not None and flow.response.status_code == 503  # type: ignore[attr-defined]
