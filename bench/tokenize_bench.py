@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from plugin.tasks import spawn
-
 from bench import toy_model
 from plugin.local_tokenizer import LocalTokenizer
+from runtime.tasks import spawn
 
 MODEL = "bench"
 BLOCK = 16
