@@ -75,7 +75,7 @@ def _seed(model: str) -> bytes:
     return blake2b(b"kvgate\x00" + model.encode(), digest_size=8).digest()
 
 
-def _incremental_ok(tok: HfTokenizer, config: Mapping[str, Any]) -> bool:
+def _incremental_ok(tok: HfTokenizer) -> bool:
     """Whether encoding the pieces between added tokens equals encoding the whole text."""
     spec = json.loads(tok.to_str())
     for added in spec.get("added_tokens") or ():
@@ -107,7 +107,7 @@ class LocalTokenizer:
         )
         self.specials = special_tokens(config)
         added = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len)
-        self.incremental = bool(added) and _incremental_ok(tokenizer, config)
+        self.incremental = bool(added) and _incremental_ok(tokenizer)
         self._cut = re.compile("(" + "|".join(re.escape(t) for t in reversed(added)) + ")") if added else None
         self._chains: LRUCache[tuple[tuple[int, int], int], _Chain] = LRUCache(maxsize=max(1, chain_entries))
         self._pieces: LRUCache[str, tuple[int, ...]] = LRUCache(maxsize=max(1, piece_tokens), getsizeof=len)
