@@ -23,6 +23,8 @@ from store import index_store
 
 logger = logging.getLogger(__name__)
 
+LATE_WINDOW = 64  # a batch at most this far behind the last one is reordered, not a restarted publisher
+
 
 @dataclass
 class KvEventStats:
@@ -33,16 +35,27 @@ class KvEventStats:
     seq_gaps: int = 0
     missed_batches: int = 0
     clears: int = 0
+    duplicates: int = 0  # batches received twice (skipped)
+    late: int = 0  # batches older than one already applied (skipped: the gap before it reset the index)
     last_seq: dict[bytes, int] = field(default_factory=dict)
 
     def observe_seq(self, topic: bytes, seq: int) -> str | None:
-        """Record a batch's sequence number; returns "gap" or "reset" when it is not the next one."""
+        """Record a batch's sequence number; None when it is the next one, else "gap" (batches lost),
+        "duplicate" (this one again), "late" (an older one, out of order) or "reset" (the publisher
+        restarted: back to 0, or further back than a reorder can explain)."""
         previous = self.last_seq.get(topic)
-        self.last_seq[topic] = seq
         if previous is None or seq == previous + 1:
+            self.last_seq[topic] = seq
             return None
-        if seq <= previous:
-            return "reset"  # the publisher restarted (its seq starts again from 0)
+        if seq == previous:
+            self.duplicates += 1
+            return "duplicate"
+        if 0 < seq < previous and previous - seq <= LATE_WINDOW:
+            self.late += 1
+            return "late"
+        self.last_seq[topic] = seq
+        if seq < previous:
+            return "reset"
         self.seq_gaps += 1
         self.missed_batches += seq - previous - 1
         return "gap"
@@ -117,8 +130,14 @@ class KvEventConsumer:
         self.stats.events += len(batch.events)
         seq_state = self.stats.observe_seq(topic, seq)
         if seq_state == "gap":
-            logger.warning("kv events: seq gap before %d on %r (%d batches missed so far)",
-                           seq, topic, self.stats.missed_batches)  # fmt: skip
+            # a lost batch may have stored or removed anything: the entries cannot be trusted, so the
+            # worker's index starts again from this batch (no replay socket is asked; docs/AGENT.md)
+            logger.warning("kv events: seq gap before %d on %r (%d batches missed so far): resetting "
+                           "the worker's index", seq, topic, self.stats.missed_batches)  # fmt: skip
+            await self._clear("kv event sequence gap")
+        elif seq_state in ("duplicate", "late"):
+            logger.info("kv events: %s batch %d on %r skipped", seq_state, seq, topic)
+            return
         elif seq_state == "reset":
             logger.warning("kv events: seq went back to %d on %r: publisher restarted", seq, topic)
             await self._clear("kv event publisher restarted")

@@ -22,6 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench import toy_model
 from bench.demo import (
     NUM_GPU_BLOCKS,
     PROFILE,
@@ -66,10 +67,11 @@ def gateway_metrics(gateway: str) -> dict[str, float]:
 
 
 def run(
-    stack: Stack, mode: str, scenario: TenantPromptsScenario, work_dir: Path
+    stack: Stack, mode: str, scenario: TenantPromptsScenario, work_dir: Path, tokenizer: Path | None = None
 ) -> tuple[RunSummary, dict[str, float]]:
     config = work_dir / f"gateway-{mode}.toml"
-    config.write_text(f'[routing]\nprefix_mode = "{mode}"\n\n[models."{scenario.model}"]\n')
+    local = f'tokenizer = "{tokenizer}"\n' if tokenizer is not None and mode == "exact" else ""
+    config.write_text(f'[routing]\nprefix_mode = "{mode}"\n\n[models."{scenario.model}"]\n{local}')
     gateway = stack.start_gateway(mode, config=config)
     wait_routable(gateway, WORKERS)
     reset_caches(stack.worker_urls)
@@ -93,6 +95,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--requests", type=int, default=240)
     parser.add_argument("--rate", type=float, default=8.0, help="requests per second (open loop)")
     parser.add_argument("--logs", type=Path, help="keep process logs here (default: a temporary directory)")
+    parser.add_argument(
+        "--local-tokenizer",
+        action="store_true",
+        help="workers and the exact-mode gateway load bench/toy_model.py's model directory (real BPE and "
+        "Llama 3 template): the gateway tokenizes itself, no /tokenize round trip",
+    )
     args = parser.parse_args(argv)
     scenario = TenantPromptsScenario(requests=args.requests, rate_rps=args.rate)
     runs = []
@@ -101,12 +109,14 @@ def main(argv: list[str]) -> int:
         Stack(log_dir=args.logs or Path(tmp)) as stack,
     ):
         stack.start_redis()
+        tokenizer = toy_model.build(Path(tmp) / "model") if args.local_tokenizer else None
         endpoints = {}
         for i in range(WORKERS):
             wid, endpoints[f"w{i}"] = f"w{i}", f"tcp://127.0.0.1:{free_port()}"
             url = stack.start_worker(
                 wid, model=scenario.model, profile=PROFILE, time_scale=1.0,
-                extra=["--num-gpu-blocks", str(NUM_GPU_BLOCKS), "--kv-events-endpoint", endpoints[wid]],
+                extra=["--num-gpu-blocks", str(NUM_GPU_BLOCKS), "--kv-events-endpoint", endpoints[wid],
+                       *(["--tokenizer", str(tokenizer)] if tokenizer else [])],
             )  # fmt: skip
             stack.start_agent(wid, url, model=scenario.model)
         print("approximate run ...", file=sys.stderr)
@@ -115,7 +125,7 @@ def main(argv: list[str]) -> int:
             stack.stop_process(f"agent-w{i}")
             stack.start_agent(f"w{i}", url, model=scenario.model, extra=["--kv-events", endpoints[f"w{i}"]])
         print("exact run ...", file=sys.stderr)
-        runs.append(run(stack, "exact", scenario, stack.log_dir))
+        runs.append(run(stack, "exact", scenario, stack.log_dir, tokenizer))
     pressure = scenario.working_set_tokens() / (NUM_GPU_BLOCKS * 16)
     print(
         f"\n{scenario.tenants} tenants × {scenario.system_tokens}-token system prompts, {scenario.requests} "

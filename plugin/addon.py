@@ -252,7 +252,11 @@ class KvGate:
         self.releaser = Releaser(self.pool)
         await self.releaser.start()
         self.router = Router(
-            config.routing, self.redis, prefix_modes=config.prefix_modes(), metrics=self.metrics
+            config.routing,
+            self.redis,
+            prefix_modes=config.prefix_modes(),
+            metrics=self.metrics,
+            tokenizers=config.tokenizers(),
         )
         await self.router.start()
         self.decisions = DecisionLog(

@@ -22,6 +22,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "burst"): ("bench.burst:main", "live 2x burst through two gateways sharing one Redis"),
     ("bench", "chaos"): ("bench.chaos:main", "streaming load through 2 gateways while faults are injected"),
     ("bench", "fuzz"): ("bench.fuzz:main", "atheris fuzzing of the request intake for a bounded time"),
+    ("bench", "tokenize"): (
+        "bench.tokenize_bench:main",
+        "exact mode: local tokenizer cost and event-loop stall",
+    ),
 }
 
 

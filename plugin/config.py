@@ -172,6 +172,9 @@ class ModelSection:
     tokens_per_seat: int = DEFAULT_TOKENS_PER_SEAT
     max_seats: int = DEFAULT_MAX_SEATS
     prefix_mode: str = ""  # approximate | exact; "" = routing.prefix_mode
+    # exact mode: a local model directory (tokenizer.json, tokenizer_config.json) so the gateway
+    # tokenizes and renders the chat template itself; "" = ask the workers' /tokenize
+    tokenizer: str = ""
     band_shares: dict[str, float] | None = None  # None = admission.band_shares
 
     def seats(self, uncached_prompt_tokens: int, max_tokens: int) -> int:
@@ -287,6 +290,10 @@ class GatewayConfig:
                         f"tenants.{name}.api_keys[{i}]", "***", f"already used by {seen[digest]}"
                     )
                 seen[digest] = name
+
+    def tokenizers(self) -> dict[str, str]:
+        """model -> local tokenizer directory, for the models that name one."""
+        return {name: m.tokenizer for name, m in self.models.items() if m.tokenizer}
 
     def prefix_modes(self) -> dict[str, str]:
         """Models whose prefix mode differs from routing.prefix_mode (the others use that)."""

@@ -33,8 +33,9 @@ from urllib.parse import urlsplit
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from plugin.config import RoutingSection
+from plugin.config import ConfigError, RoutingSection
 from plugin.flow import Prompt, Route, Upstream
+from plugin.local_tokenizer import LocalTokenizer, LocalTokenizerError
 from plugin.tokenize import TokenizeFailed, Tokenizer, TokenizeRequest, tokenize_request
 from policy.baselines import least_loaded, round_robin
 from policy.config import RoutingConfig
@@ -117,6 +118,17 @@ class ModelRouting:
         return out
 
 
+def load_local_tokenizers(directories: Mapping[str, str]) -> dict[str, LocalTokenizer]:
+    """model -> its local tokenizer ([models."<m>"] tokenizer); ConfigError names a bad directory."""
+    out = {}
+    for model, directory in directories.items():
+        try:
+            out[model] = LocalTokenizer.load(directory)
+        except LocalTokenizerError as e:
+            raise ConfigError(f"models.{model}.tokenizer", directory, str(e)) from None
+    return out
+
+
 class Router:
     """Picks workers for one gateway process; see the module docstring."""
 
@@ -127,12 +139,15 @@ class Router:
         *,
         prefix_modes: dict[str, str] | None = None,
         metrics: GatewayMetrics | None = None,
+        tokenizers: Mapping[str, str] | None = None,
     ) -> None:
         self.section = section
         self.prefix_modes = prefix_modes or {}  # per-model overrides of section.prefix_mode
         self.metrics = metrics
         self.tokenizer = Tokenizer(
-            timeout_s=section.tokenize_timeout_ms / 1000, cache_entries=section.tokenize_cache_entries
+            timeout_s=section.tokenize_timeout_ms / 1000,
+            cache_entries=section.tokenize_cache_entries,
+            local=load_local_tokenizers(tokenizers or {}),
         )
         self.policy_config = policy_config = section.policy_config()
         self.redis = redis

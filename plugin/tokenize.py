@@ -2,7 +2,10 @@
 
 In exact mode (docs/ROUTING.md "Exact mode") the gateway hashes the prompt's token ids into the same
 blocks the agents index from the workers' KV events, so it needs the ids the worker itself will cache.
-kvgate has no tokenizer of its own: vLLM (and the emulated worker) serve `POST /tokenize`, which takes
+A model whose `[models."<m>"] tokenizer` names a local model directory is tokenized in the gateway
+(plugin/local_tokenizer.py: its tokenizer.json and chat template, no round trip, prefix-incremental);
+a request its template cannot render, and every other model, asks a worker. vLLM (and the emulated
+worker) serve `POST /tokenize`, which takes
 either `{"model", "prompt"}` (completions; special tokens added by default, as `/v1/completions` does)
 or `{"model", "messages", ...}` (chat: the worker applies its own chat template, with the chat fields
 below passed through so the rendering matches `/v1/chat/completions`), and answers
@@ -28,6 +31,8 @@ from dataclasses import dataclass
 import aiohttp
 from cachetools import LRUCache
 
+from plugin.chat_template import TemplateError
+from plugin.local_tokenizer import LocalTokenizer
 from policy.prefix import token_block_hashes
 from store.registry import WorkerRecord
 
@@ -103,7 +108,10 @@ class Tokenizer:
     (their hashes, so a repeated prompt costs neither a call nor decoding and hashing); one kept-alive
     session."""
 
-    def __init__(self, *, timeout_s: float, cache_entries: int) -> None:
+    def __init__(
+        self, *, timeout_s: float, cache_entries: int, local: Mapping[str, LocalTokenizer] | None = None
+    ) -> None:
+        self.local = dict(local or {})  # model -> its own tokenizer and chat template (no round trip)
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.cache: LRUCache[tuple[str, int], TokenBlocks] | None = (
             LRUCache(maxsize=cache_entries) if cache_entries > 0 else None
@@ -125,11 +133,21 @@ class Tokenizer:
         block_size: int,
         request_for: Callable[[Mapping[str, object], str], TokenizeRequest] = tokenize_request,
     ) -> tuple[TokenBlocks, str]:
-        """(blocks, source) with source "prompt" (ids in the request), "cache" or "worker";
-        `request_for` is the endpoint's /tokenize body (plugin/endpoints.py). Raises TokenizeFailed."""
+        """(blocks, source) with source "prompt" (ids in the request), "local" (the model's own
+        tokenizer, plugin/local_tokenizer.py), "cache" or "worker"; `request_for` is the endpoint's
+        /tokenize body (plugin/endpoints.py). Raises TokenizeFailed."""
         request = request_for(body, model)
         if isinstance(request, list):
             return _hashed(request, model, block_size), "prompt"
+        local = self.local.get(model)
+        if local is not None:
+            try:
+                mine = await local.blocks_async(body, model, block_size)
+            except TemplateError:
+                pass  # a request the local template cannot render (e.g. images): the worker renders it
+            else:
+                sizes = (block_size,) * len(mine.hashes)
+                return TokenBlocks(mine.hashes, sizes, mine.prompt_tokens), "local"
         key = json.dumps(request, separators=(",", ":"))  # the cache key is also the body sent
         if self.cache is not None and (hit := self.cache.get((key, block_size))) is not None:
             return hit, "cache"

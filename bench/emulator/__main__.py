@@ -39,6 +39,9 @@ def parse_args(argv: list[str]) -> EmulatorConfig:
     parser.add_argument(
         "--stream-interval-ms", type=float, default=20.0, help="flush decoded tokens at most this often"
     )
+    parser.add_argument(
+        "--tokenizer", help="model directory (tokenizer.json, tokenizer_config.json): real ids, template"
+    )
     args = parser.parse_args(argv)
     try:
         return EmulatorConfig(
@@ -55,6 +58,7 @@ def parse_args(argv: list[str]) -> EmulatorConfig:
             default_max_tokens=args.default_max_tokens,
             max_model_len=args.max_model_len,
             stream_interval_s=args.stream_interval_ms / 1000,
+            tokenizer=args.tokenizer,
         )
     except ValueError as e:
         parser.error(str(e))

@@ -39,7 +39,7 @@ def completion_handler(kind: Kind) -> Callable[[web.Request], Awaitable[web.Stre
         try:
             body = await read_json(request)
             job = parse_completion_request(
-                kind, body, config.models, config.default_max_tokens, worker.max_model_len
+                kind, body, config.models, config.default_max_tokens, worker.max_model_len, worker.tokenizer
             )
         except ApiError as e:
             return error_response(e)

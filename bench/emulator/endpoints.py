@@ -11,7 +11,7 @@ from aiohttp import web
 
 from bench.emulator.metrics import render
 from bench.emulator.openai_api import ApiError
-from bench.emulator.tokenizer import TemplateError, render_chat, tokenize
+from bench.emulator.tokenizer import TemplateError
 from bench.emulator.worker import WORKER, error_response, read_json
 
 logger = logging.getLogger(__name__)
@@ -48,16 +48,15 @@ async def tokenize_endpoint(request: web.Request) -> web.Response:
             raise ApiError(404, f"The model `{model}` does not exist.", "model")
         if "messages" in body:
             try:
-                text = render_chat(body["messages"])
+                tokens = worker.tokenizer.chat(body)
             except TemplateError as e:
                 raise ApiError(400, str(e), "messages") from None
         elif isinstance(body.get("prompt"), str):
-            text = body["prompt"]
+            tokens = worker.tokenizer.text(body["prompt"], bool(body.get("add_special_tokens", True)))
         else:
             raise ApiError(400, "give a prompt string or a messages list", "prompt")
     except ApiError as e:
         return error_response(e)
-    tokens = tokenize(text)
     return web.json_response(
         {"count": len(tokens), "max_model_len": worker.max_model_len, "tokens": tokens, "token_strs": None}
     )
@@ -72,6 +71,24 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 async def reset_prefix_cache(request: web.Request) -> web.Response:
     request.app[WORKER].driver.clear_cache()
     return web.Response(status=200)
+
+
+async def kv_faults(request: web.Request) -> web.Response:
+    """Faults for the next KV-event batches: {"drop": n, "duplicate": n, "reorder": n} (adds to them)."""
+    worker = request.app[WORKER]
+    try:
+        body = await read_json(request)
+        if worker.publisher is None:
+            raise ApiError(400, "this worker publishes no KV events")
+        if not isinstance(body, dict) or any(
+            k not in worker.publisher.faults or type(v) is not int or v < 0 for k, v in body.items()
+        ):
+            raise ApiError(400, "body: {drop, duplicate, reorder}: counts >= 0")
+    except ApiError as e:
+        return error_response(e)
+    for name, count in body.items():
+        worker.publisher.faults[name] += count
+    return web.json_response(worker.publisher.faults)
 
 
 async def inflight(request: web.Request) -> web.Response:

@@ -11,7 +11,9 @@ submits it; keys the catalog does not know (a request's trailing partial block, 
 caches) are not published.
 Unlike vLLM, which connects unless the endpoint has a wildcard, the publisher always BINDs: the agent
 next to the worker connects its SUB socket. The topic defaults to llm-d's `kv@<worker-id>@<model>`.
-No replay socket.
+No replay socket. Faults on command (`POST /kvgate/kv_faults {"drop": n, "duplicate": n, "reorder": n}`):
+the next n batches are lost (their sequence numbers used up), sent twice, or each held back and sent
+after the batch that follows it, so the agent's resync can be tested end to end.
 """
 
 from __future__ import annotations
@@ -129,18 +131,36 @@ class KvEventPublisher:
             raise OSError(f"cannot bind KV-event endpoint {endpoint}: {e}") from e
         # the actual endpoint, with the port filled in when `endpoint` asked for "tcp://host:*"
         self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.faults = {"drop": 0, "duplicate": 0, "reorder": 0}  # batches still to treat so
+        self._held: list[list[bytes]] | None = None  # a reordered batch, sent after the next one
 
     async def publish(self, events: Sequence[Sequence[Any]], ts: float | None = None) -> None:
         if not events:
             return
         payload = encode_batch(time.time() if ts is None else ts, events)
-        try:
-            await self._socket.send_multipart(
-                [self.topic, self._seq.to_bytes(8, "big"), payload], flags=zmq.NOBLOCK
-            )
-        except zmq.Again:  # a PUB socket drops at its high-water mark; so do we, and say so
-            logger.warning("KV-event batch %d dropped (high-water mark)", self._seq)
+        frames = [self.topic, self._seq.to_bytes(8, "big"), payload]
         self._seq += 1
+        if self.faults["drop"] > 0:
+            self.faults["drop"] -= 1
+            logger.info("KV-event batch %d dropped on command", self._seq - 1)
+            return
+        if self.faults["reorder"] > 0 and self._held is None:
+            self.faults["reorder"] -= 1
+            self._held = frames
+            return
+        copies = 1
+        if self.faults["duplicate"] > 0:
+            self.faults["duplicate"] -= 1
+            copies = 2
+        out = [frames] * copies
+        if self._held is not None:
+            out.append(self._held)
+            self._held = None
+        for message in out:
+            try:
+                await self._socket.send_multipart(message, flags=zmq.NOBLOCK)
+            except zmq.Again:  # a PUB socket drops at its high-water mark; so do we, and say so
+                logger.warning("KV-event batch dropped (high-water mark)")
 
     @property
     def batches_sent(self) -> int:

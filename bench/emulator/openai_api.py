@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bench.emulator.tokenizer import VOCAB_SIZE, TemplateError, render_chat, tokenize
+from bench.emulator.engine_tokenizer import EngineTokenizer, FakeTokenizer
+from bench.emulator.tokenizer import TemplateError
 
 Kind = Literal["chat", "completion"]
 FILLER = (" the", " KV", " cache", " keeps", " every", " prefix", " warm", " and", " fast", ".")
@@ -65,7 +66,12 @@ def _optional(body: Mapping[str, Any], name: str, types: tuple[type, ...], what:
 
 
 def parse_completion_request(
-    kind: Kind, body: Any, served_models: tuple[str, ...], default_max_tokens: int, max_model_len: int
+    kind: Kind,
+    body: Any,
+    served_models: tuple[str, ...],
+    default_max_tokens: int,
+    max_model_len: int,
+    tokenizer: EngineTokenizer | None = None,
 ) -> CompletionJob:
     """Validate a /v1/chat/completions or /v1/completions body the way vLLM rejects bad input."""
     if not isinstance(body, dict):
@@ -73,14 +79,14 @@ def parse_completion_request(
     model = _optional(body, "model", (str,), "a string") or served_models[0]
     if model not in served_models:
         raise ApiError(404, f"The model `{model}` does not exist.", "model")
+    tokenizer = tokenizer or FakeTokenizer()
     if kind == "chat":
         try:
-            text = render_chat(body.get("messages"))
+            prompt_tokens = tokenizer.chat(body)
         except TemplateError as e:
             raise ApiError(400, str(e), "messages") from None
-        prompt_tokens = tokenize(text)
     else:
-        prompt_tokens = _completion_prompt(body.get("prompt"))
+        prompt_tokens = _completion_prompt(body.get("prompt"), tokenizer)
     names = ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",)
     max_tokens = default_max_tokens
     for name in names:
@@ -108,17 +114,18 @@ def parse_completion_request(
     return CompletionJob(kind, model, prompt_tokens, max_tokens, stream, include_usage)
 
 
-def _completion_prompt(prompt: Any) -> list[int]:
+def _completion_prompt(prompt: Any, tokenizer: EngineTokenizer) -> list[int]:
     """A prompt string, a one-element list of strings, or a list of token ids."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if isinstance(prompt, str):
         if not prompt:
             raise ApiError(400, "prompt: must not be empty", "prompt")
-        return tokenize(prompt)
+        return tokenizer.text(prompt)
     if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
-        if bad := next((t for t in prompt if not 0 <= t < VOCAB_SIZE), None):
-            raise ApiError(400, f"prompt: token id {bad} is out of vocabulary (size {VOCAB_SIZE})", "prompt")
+        vocab = tokenizer.vocab_size
+        if bad := next((t for t in prompt if not 0 <= t < vocab), None):
+            raise ApiError(400, f"prompt: token id {bad} is out of vocabulary (size {vocab})", "prompt")
         return list(prompt)
     raise ApiError(
         400, "prompt: must be a non-empty string or a list of token ids (one prompt only)", "prompt"

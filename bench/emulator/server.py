@@ -20,12 +20,14 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from bench.emulator import engine_tokenizer
 from bench.emulator.completions import completion_handler
 from bench.emulator.driver import EngineDriver
 from bench.emulator.endpoints import (
     health,
     inflight,
     json_not_found,
+    kv_faults,
     list_models,
     metrics_endpoint,
     reset_prefix_cache,
@@ -86,6 +88,7 @@ async def engine_context(app: web.Application) -> AsyncIterator[None]:
         Counter(),
         random.Random(),
         max_model_len,
+        engine_tokenizer.load(config.tokenizer),
     )
     app[WORKER] = worker
     task = spawn(driver.run(), name=f"emulator-driver-{config.worker_id}")
@@ -110,6 +113,7 @@ def create_app(config: EmulatorConfig) -> web.Application:
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_get("/kvgate/inflight", inflight)
+    app.router.add_post("/kvgate/kv_faults", kv_faults)
     return app
 
 

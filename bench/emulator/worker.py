@@ -8,12 +8,13 @@ import json
 import logging
 import random
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from bench.emulator.driver import EngineDriver
+from bench.emulator.engine_tokenizer import EngineTokenizer, FakeTokenizer
 from bench.emulator.kv_events import BlockCatalog, KvEventPublisher
 from bench.emulator.metrics import EngineSnapshot, RequestMetrics
 from bench.emulator.openai_api import ApiError
@@ -42,6 +43,9 @@ class EmulatorConfig:
     default_max_tokens: int = 64  # output length when a request gives no max_tokens
     max_model_len: int = 131_072
     stream_interval_s: float = 0.02  # decoding streams flush new tokens at most this often (wall)
+    # a model directory (tokenizer.json + tokenizer_config.json) to tokenize and render chats with, as
+    # vLLM does through transformers; None = the fake tokenizer (bench/emulator/engine_tokenizer.py)
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0:
@@ -82,6 +86,7 @@ class Worker:
     held: Counter[str]  # external request ids of the completion requests in flight
     rng: random.Random
     max_model_len: int  # the config's, capped to the KV pool
+    tokenizer: EngineTokenizer = field(default_factory=FakeTokenizer)
 
     def engine_blocks(self, tokens: list[int]) -> list[tuple[int, int]]:
         """(key, tokens) per engine block: full blocks by chained key; the trailing partial block gets a

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from bench.sim.profiles import ProfileError, list_profiles, load_profile
-from bench.sim.registry import UnknownPolicy, resolve_policies
+from bench.sim.registry import UnknownPolicy, resolve_policies, with_indexes
 from bench.sim.report import (
     format_admission_table,
     format_sweep,
@@ -68,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="admission gates, comma-separated or all (none,gie_shed,gie_flow,probabilistic,kvgate): "
         "one run per (policy, gate), with goodput and per-band metrics",
     )
+    p.add_argument(
+        "--index",
+        help="index models for kvgate/article, comma-separated (exact,approx,oracle): one run each, "
+        '"index" in results.json',
+    )
     p.add_argument("--profile", default="h100-llama3.1-8b", help="engine profile (default h100-llama3.1-8b)")
     p.add_argument("--seed", type=int, default=1, help="seed for scenarios and randomised policies (1)")
     p.add_argument("--out", default="out/sim", help="output directory (default out/sim)")
@@ -114,6 +119,8 @@ def _main(argv: list[str]) -> int:
     try:
         profile = load_profile(args.profile)
         policies = resolve_policies(args.policies)
+        if args.index is not None:
+            policies = with_indexes(policies, args.index)
         admissions = None if args.admission is None else _admissions(args.admission)
         overload = args.scenario == "overload"
         name, requests = (

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -118,12 +119,12 @@ def engine_blocks(req: SimRequest) -> tuple[tuple[int, int], ...]:
 class SimCluster:
     """The workers and the signals routers may read (implements `ClusterView`)."""
 
-    def __init__(self, profile: EngineProfile, workers: int) -> None:
+    def __init__(self, profile: EngineProfile, workers: int, record_kv_events: bool = False) -> None:
         if workers <= 0:
             raise ValueError(f"workers must be > 0, got {workers}")
         self.profile = profile
         self._ids = [f"w{i}" for i in range(workers)]
-        self.engines = {wid: Engine(profile) for wid in self._ids}
+        self.engines = {wid: Engine(profile, record_kv_events=record_kv_events) for wid in self._ids}
         self._inflight = dict.fromkeys(self._ids, 0)
         self._pending_prefill = dict.fromkeys(self._ids, 0)
         self._scraped = {wid: Scraped(0.0, 0, 0, 0.0) for wid in self._ids}
@@ -170,6 +171,9 @@ class SimCluster:
                 )
             )
         return views
+
+    def drain_kv_events(self, worker_id: str) -> list[tuple[str, list[object]]]:
+        return self.engines[worker_id].drain_kv_events()  # type: ignore[return-value]
 
     # shell side
     def blocks_of(self, req: SimRequest) -> tuple[tuple[int, int], ...]:
@@ -232,7 +236,7 @@ class _Run:
     ) -> None:
         self.requests = requests
         self.router = router
-        self.cluster = SimCluster(profile, workers)
+        self.cluster = SimCluster(profile, workers, bool(getattr(router, "wants_kv_events", False)))
         self.period = scrape_period_s
         self.gate = gate
         self.progress = progress
@@ -311,6 +315,12 @@ class _Run:
         self.engines_at = until_s
 
     def arrive(self, req: SimRequest, now: float) -> None:
+        for wid in req.restart_before:  # a restart: the worker's prefix cache is gone
+            self.cluster.engines[wid].clear_cache()
+        if req.bypass:  # a client that talks to a worker directly: no gate, no router
+            ids = self.cluster.worker_ids
+            self.submit(req, ids[zlib.crc32(req.tenant.encode()) % len(ids)], now)
+            return
         verdict = self.gate.admit(req, self.cluster, now)
         if verdict is Verdict.ADMIT:
             self.dispatch(req, now)
@@ -318,7 +328,9 @@ class _Run:
             self.records[req.id].rejected = True
 
     def dispatch(self, req: SimRequest, now: float) -> None:
-        wid = self.router.route(req, self.cluster, now)
+        self.submit(req, self.router.route(req, self.cluster, now), now)
+
+    def submit(self, req: SimRequest, wid: str, now: float) -> None:
         engine = self.cluster.engines.get(wid)
         if engine is None:
             raise ValueError(f"router {self.router.name!r} picked unknown worker {wid!r}")
@@ -335,12 +347,14 @@ class _Run:
             record.first_token_s = event.at_s
             record.cached_tokens = event.cached_tokens
             self.cluster.on_first_token(wid, req)
-            self.router.on_first_token(req, wid, event.at_s)
+            if not req.bypass:
+                self.router.on_first_token(req, wid, event.at_s)
             self.finished_since_release |= self.release_on_first_token  # its prefill left the queue
         else:
             record.finish_s = event.at_s
             self.cluster.on_finish(wid)
-            self.router.on_finish(req, wid, event.at_s)
+            if not req.bypass:
+                self.router.on_finish(req, wid, event.at_s)
             self.finished_since_release = True
 
     def release_queued(self) -> None:

@@ -8,12 +8,21 @@ routing time, blind to engine evictions), aged by a per-worker LRU of capacity_t
 Load signals, as a gateway that sees every request knows them (R): in-flight counts and the *uncached*
 prefill tokens dispatched to each worker whose first token has not come back (prompt − the hit this
 router expected); engine running/waiting/KV usage come scraped (M) from `cluster.worker_views`.
+
+Index models (`index`, `kvgate bench sim --index exact,approx,oracle`, docs/SIMULATOR.md):
+  approx  the above: routing history, a capacity LRU per worker, blind to evictions, restarts and
+          traffic that bypasses the router;
+  exact   the engines' KV events (stored / removed / cleared) applied `event_delay_s` after they
+          happen, plus speculative entries for a routed request's blocks that expire after
+          `speculative_ttl_s` unless an event confirmed them (the gateway's exact mode, docs/ROUTING.md);
+  oracle  the engines' true caches at routing time (events applied at once, no speculation).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+from collections import deque
 
 from bench.sim.types import ClusterView, Router, SimRequest
 from policy.config import RoutingConfig
@@ -24,16 +33,36 @@ from policy.state import RoutingState
 from policy.types import WorkerView
 
 _DEFAULT_INDEX_BLOCKS = 1 << 20  # until the first request tells the block size
+_EVENT_INDEX_BLOCKS = 1 << 30  # exact / oracle: the events evict, not a capacity LRU
+INDEX_MODELS = ("approx", "exact", "oracle")
 
 
 class PolicyRouter:
     """A `bench.sim.types.Router` driving a `policy.profile.RoutingPolicy` through a `RoutingState`."""
 
-    def __init__(self, name: str, config: RoutingConfig, seed: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: RoutingConfig,
+        seed: int,
+        index: str = "approx",
+        event_delay_s: float = 0.05,
+        speculative_ttl_s: float = 2.0,
+    ) -> None:
+        if index not in INDEX_MODELS:
+            raise ValueError(f"unknown index model {index!r}; known: {', '.join(INDEX_MODELS)}")
         self.name = name
         self.config = config
+        self.index_model = index
+        self.wants_kv_events = index != "approx"
+        self.event_delay_s = event_delay_s if index == "exact" else 0.0
+        self.speculative_ttl_s = speculative_ttl_s
         self.policy: RoutingPolicy = build_policy(config)
-        self.state = RoutingState(config, PrefixIndex(_DEFAULT_INDEX_BLOCKS), insert_on_commit=True)
+        blocks = _DEFAULT_INDEX_BLOCKS if index == "approx" else _EVENT_INDEX_BLOCKS
+        self.state = RoutingState(config, PrefixIndex(blocks), insert_on_commit=index != "oracle")
+        self._events: deque[tuple[float, str, str, list[object]]] = deque()  # (at, worker, kind, keys)
+        self._held: dict[str, set[object]] = {}  # worker -> keys its events say it holds
+        self._speculative: deque[tuple[float, str, tuple[int, ...]]] = deque()  # (at, worker, keys)
         self._rng = random.Random(seed)
         self._inflight: dict[str, int] = {}
         self._pending_prefill: dict[str, int] = {}
@@ -44,14 +73,37 @@ class PolicyRouter:
 
     def _size_index(self, req: SimRequest, cluster: ClusterView) -> None:
         block = max(req.block_tokens, default=0)
-        if block <= self._block_size:
+        if block <= self._block_size or self.wants_kv_events:
             return
         self._block_size = block
         for w in cluster.worker_ids:
             self.state.index.set_capacity(w, max(1, cluster.capacity_tokens(w) // block))
 
+    def _follow_events(self, cluster: ClusterView, now_s: float) -> None:
+        """exact / oracle: apply the engines' KV events that are `event_delay_s` old; expire
+        unconfirmed speculative entries."""
+        for w in cluster.worker_ids:
+            for kind, keys in cluster.drain_kv_events(w):
+                self._events.append((now_s, w, kind, keys))
+        index = self.state.index
+        while self._events and self._events[0][0] <= now_s - self.event_delay_s:
+            _, w, kind, keys = self._events.popleft()
+            held = self._held.setdefault(w, set())
+            if kind == "stored":
+                index.insert(w, keys, now_s)  # type: ignore[arg-type]
+                held.update(keys)
+            else:  # removed, cleared
+                index.remove(w, keys)  # type: ignore[arg-type]
+                held.difference_update(keys)
+        while self._speculative and self._speculative[0][0] <= now_s - self.speculative_ttl_s:
+            _, w, keys = self._speculative.popleft()
+            held = self._held.get(w, set())
+            index.remove(w, [k for k in keys if k not in held])
+
     def route(self, req: SimRequest, cluster: ClusterView, now_s: float) -> str:
         self._size_index(req, cluster)
+        if self.wants_kv_events:
+            self._follow_events(cluster, now_s)
         joined = self.state.joined
         views = [
             WorkerView(
@@ -88,6 +140,8 @@ class PolicyRouter:
         if worker is None:  # every worker unhealthy or draining: the simulator has no reject path here
             worker = views[0].id
         self.state.commit(view, dataclasses.replace(decision, worker=worker), now_s)
+        if self.index_model == "exact":  # the commit inserted them speculatively
+            self._speculative.append((now_s, worker, req.block_ids))
         uncached = max(0, req.input_tokens - view.hit_tokens(worker))
         self._expected_prefill[req.id] = uncached
         self._inflight[worker] = self._inflight.get(worker, 0) + 1
@@ -103,11 +157,11 @@ class PolicyRouter:
         self._inflight[worker_id] = self._inflight.get(worker_id, 0) - 1
 
 
-def make_kvgate_router(seed: int, config: RoutingConfig | None = None) -> Router:
+def make_kvgate_router(seed: int, config: RoutingConfig | None = None, index: str = "approx") -> Router:
     """kvgate's default policy (policy/kvgate.py) with default config unless given."""
-    return PolicyRouter("kvgate", config or RoutingConfig(policy="kvgate"), seed)
+    return PolicyRouter("kvgate", config or RoutingConfig(policy="kvgate"), seed, index=index)
 
 
-def make_article_router(seed: int, config: RoutingConfig | None = None) -> Router:
+def make_article_router(seed: int, config: RoutingConfig | None = None, index: str = "approx") -> Router:
     """The article's formula (policy/article.py), weights 1.2 / 0.7 / 0.3, 30 % minimum gain, stickiness."""
-    return PolicyRouter("article", config or RoutingConfig(policy="article"), seed)
+    return PolicyRouter("article", config or RoutingConfig(policy="article"), seed, index=index)

@@ -50,8 +50,34 @@ def load_factory(name: str) -> RouterFactory:
     return factory  # type: ignore[no-any-return]
 
 
+INDEXED = ("kvgate", "article")  # policies that take an index model: "kvgate@exact" (policy_router.py)
+
+
+def split_index(name: str) -> tuple[str, str | None]:
+    """("kvgate", "exact") for "kvgate@exact"; (name, None) without an index model."""
+    base, _, index = name.partition("@")
+    return base, index or None
+
+
 def make_router(name: str, seed: int) -> Router:
-    return load_factory(name)(seed)
+    base, index = split_index(name)
+    if index is None:
+        return load_factory(base)(seed)
+    return load_factory(base)(seed, index=index)  # type: ignore[call-arg]
+
+
+def with_indexes(policies: list[str], spec: str) -> list[str]:
+    """`--index exact,approx,oracle`: each policy that takes one once per index model."""
+    from bench.sim.policy_router import INDEX_MODELS
+
+    indexes = [i.strip() for i in spec.split(",") if i.strip()]
+    bad = [i for i in indexes if i not in INDEX_MODELS]
+    if not indexes or bad:
+        raise UnknownPolicy(f"--index takes {', '.join(INDEX_MODELS)}, not {spec!r}")
+    others = [p for p in policies if p not in INDEXED]
+    if others:
+        raise UnknownPolicy(f"--index applies to {', '.join(INDEXED)} only, not {', '.join(others)}")
+    return [f"{p}@{i}" for p in policies for i in indexes]
 
 
 def available_policies() -> list[str]:

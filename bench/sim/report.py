@@ -59,6 +59,8 @@ def format_table(document: dict[str, object]) -> str:
             continue
         metrics = run["metrics"]
         label = run["policy"] if run.get("admission") is None else f"{run['policy']} [{run['admission']}]"
+        if run.get("index") is not None:
+            label += f" ({run['index']} index)"
         rows.append([label] + [_cell(metrics.get(key), fmt) for key, _, fmt in TABLE_COLUMNS[1:]])
     widths = [
         max(len(r[i]) for r in rows if len(r) > i and len(r) == len(rows[0])) for i in range(len(rows[0]))

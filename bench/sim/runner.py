@@ -28,7 +28,7 @@ from bench.sim.cluster import SimResult, simulate
 from bench.sim.load import LoadPlan, decode_token_cost_s, offered_load, scale_to_load, total_work_s
 from bench.sim.metrics import admission_metrics, compute_metrics, load_series
 from bench.sim.profiles import EngineProfile, load_profile
-from bench.sim.registry import make_router
+from bench.sim.registry import make_router, split_index
 from bench.sim.scenarios import (
     HALF_LOAD_SCALE,
     OVERLOAD_STREAMS,
@@ -304,7 +304,8 @@ def results_document(
             "pooled_lru_hit_rate": workload.pooled_lru_hit_rate,
         },
         "runs": [
-            {"policy": r.policy, "metrics": _finite(r.metrics), "wall_s": r.wall_s}
+            {"policy": split_index(r.policy)[0], "metrics": _finite(r.metrics), "wall_s": r.wall_s}
+            | ({"index": split_index(r.policy)[1]} if "@" in r.policy else {})
             | ({"admission": r.admission} if r.admission is not None else {})
             | ({"error": r.error} if r.error else {})
             for r in runs

@@ -14,6 +14,7 @@ the report prints the measured value of every run.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import random
@@ -202,6 +203,28 @@ def multi_tenant(seed: int, n: int = 4000) -> list[SimRequest]:
     return reqs
 
 
+def churn(seed: int, n: int = 4000) -> list[SimRequest]:
+    """Caches that churn: 400 tenants' 4k-16k-token system prompts (Zipf s = 0.9) + 100-800 unique
+    tokens; a fifth of the requests bypass the router (each such tenant's client talks to one worker
+    directly), and worker w0 restarts (loses its cache) halfway through.
+
+    Pressure ≈ 7 per worker (≈3.1 M tokens of prompts, 0.9 of 8 workers' KV): no worker holds much
+    of the working set, evictions are constant, and the router cannot see a fifth of the traffic nor
+    the restart, unless it follows the engines' KV events (the exact index)."""
+    rng, blocks = random.Random(seed), PromptBlocks()
+    prompts = [rng.randint(4000, 16_000) for _ in range(400)]
+    cum = _zipf_cum_weights(len(prompts), 0.9)
+    times = _poisson_times(rng, n, 4.0)
+    reqs = []
+    for i, t in enumerate(times):
+        k = rng.choices(range(len(prompts)), cum_weights=cum)[0]
+        segments = [(("tenant", k), prompts[k]), (("user", i), rng.randint(100, 800))]
+        req = _request(blocks, i, t, segments, rng.randint(100, 400), tenant=f"t{k}")
+        bypass, restart = rng.random() < 0.2, ("w0",) if i == n // 2 else ()
+        reqs.append(dataclasses.replace(req, bypass=bypass, restart_before=restart))
+    return reqs
+
+
 @dataclass(frozen=True, slots=True)
 class Stream:
     """One kind of traffic of the overload scenario; loads are fractions of the cluster's measured
@@ -345,6 +368,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "multi_tenant", multi_tenant, 4000, "150 tenant system prompts; working set 3.5x one worker"
         ),
+        Scenario("churn", churn, 4000, "400 tenant prompts, 1/5 of traffic bypasses the router, w0 restarts"),
         Scenario(
             "overload",
             overload,

@@ -35,6 +35,10 @@ class SimRequest:
     band: Band = Band.NORMAL
     tenant: str = "default"
     slo_ttft_s: float | None = None  # for goodput; None = no SLO
+    # churn: sent straight to a worker (a client that bypasses the router; the router never sees it)
+    bypass: bool = False
+    # churn: these workers restart (lose their prefix cache) just before this request arrives
+    restart_before: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +85,11 @@ class ClusterView(Protocol):
 
     def worker_views(self, now_s: float) -> list[WorkerView]:
         """All workers as `policy.types.WorkerView`s (R for inflight, M for running/waiting/kv_usage)."""
+        ...
+
+    def drain_kv_events(self, worker_id: str) -> list[tuple[str, list[object]]]:
+        """E: the worker's KV events ("stored" | "removed" | "cleared", keys) since the last call; only
+        for a router with a true `wants_kv_events` attribute (else always empty)."""
         ...
 
 

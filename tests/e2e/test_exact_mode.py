@@ -10,16 +10,21 @@ index alone decides. Every wait polls; every process is stopped.
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
+from bench import toy_model
 from bench.emulator.tokenizer import render_chat, tokenize
 from bench.stack import stop_process
+from plugin.local_tokenizer import LocalTokenizer
 from policy.prefix import token_block_hashes
 from store import index_store, registry
 from store.redis_server import free_port
@@ -62,15 +67,28 @@ def processes() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
 
 
 @pytest.fixture
+def worker_tokenizer() -> str | None:
+    """A model directory the emulated workers tokenize with (None = their fake tokenizer)."""
+    return None
+
+
+@pytest.fixture
 async def workers(
-    redis: aioredis.Redis, redis_url: str, processes: Callable[..., subprocess.Popen[bytes]]
+    redis: aioredis.Redis,
+    redis_url: str,
+    processes: Callable[..., subprocess.Popen[bytes]],
+    worker_tokenizer: str | None,
 ) -> AsyncIterator[dict[str, str]]:
     """Worker id -> URL of two emulated workers with KV events, each registered by its exact-mode agent."""
     runners, urls = [], {}
+    if worker_tokenizer is not None:
+        toy_model.build(worker_tokenizer)  # made on the spot, the same for gateway and workers
     try:
         for wid in ("w0", "w1"):
             zmq = f"tcp://127.0.0.1:{free_port()}"
-            runner, url = await start_worker(MODEL, wid, time_scale=0.02, kv_events_endpoint=zmq)
+            runner, url = await start_worker(
+                MODEL, wid, time_scale=0.02, kv_events_endpoint=zmq, tokenizer=worker_tokenizer
+            )
             runners.append(runner)
             urls[wid] = url
             processes("agent", "--worker-url", url, "--model", MODEL, "--worker-id", wid,
@@ -160,3 +178,75 @@ async def test_tokenize_failure_falls_back_to_approximate(
             assert metric(metrics.decode(), "kvgate_tokenize_total", model=MODEL) is None
     finally:
         await upstream.close()
+
+
+async def test_lost_duplicated_and_reordered_event_batches_leave_no_stale_entries(
+    redis: aioredis.Redis, workers: dict[str, str]
+) -> None:
+    """The emulated worker drops, duplicates or reorders KV-event batches on command; the agent resets
+    that worker's index at a gap, skips repeats and stragglers, so no entry outlives its block."""
+    url = workers["w1"]
+
+    async def w1_keys() -> set[int]:
+        return set((await index_store.load_snapshot(redis, MODEL)).get("w1", ()))
+
+    old = chat(MODEL, "first", system=SYSTEM, max_tokens=2)
+    await warm(redis, url, "w1", old)
+    # lost: the batch that clears the cache never arrives; the next batch shows the gap
+    assert (await post(f"{url}/kvgate/kv_faults", {"drop": 1}))[0] == 200
+    assert (await post(f"{url}/reset_prefix_cache", b""))[0] == 200
+    fresh = chat(MODEL, "second", system=SYSTEM.upper(), max_tokens=2)
+    await warm(redis, url, "w1", fresh)
+    assert not prefix_keys(old) & await w1_keys()  # stale entries of the dropped clear are gone
+
+    # duplicated: applied once, nothing reset
+    assert (await post(f"{url}/kvgate/kv_faults", {"duplicate": 1}))[0] == 200
+    dup = chat(MODEL, "third", system=SYSTEM.lower(), max_tokens=2)
+    await warm(redis, url, "w1", dup)
+    assert prefix_keys(fresh) <= await w1_keys()
+
+    # reordered: the later batch shows a gap (reset), the straggler is skipped
+    assert (await post(f"{url}/kvgate/kv_faults", {"reorder": 1}))[0] == 200
+    assert (await post(f"{url}/reset_prefix_cache", b""))[0] == 200  # held back, sent after the next
+    last = chat(MODEL, "fourth", system=SYSTEM.title(), max_tokens=2)
+    await warm(redis, url, "w1", last)
+    assert not (prefix_keys(fresh) | prefix_keys(dup)) & await w1_keys()
+
+
+TOY_DIR = Path(tempfile.gettempdir()) / f"kvgate-e2e-toy-{os.getpid()}"
+
+
+@pytest.mark.parametrize("worker_tokenizer", [str(TOY_DIR)])
+async def test_local_tokenizer_agrees_with_the_worker_and_routes_without_a_round_trip(
+    redis: aioredis.Redis, redis_url: str, workers: dict[str, str], tmp_path: Path
+) -> None:
+    """Gateway and emulated workers load the same model directory (real BPE tokenizer.json, Llama 3
+    template): the gateway's own ids equal the worker's /tokenize, its block hashes are the keys the
+    agent wrote from the worker's KV events, and it routes to the holder with no /tokenize call."""
+    tok = LocalTokenizer.load(TOY_DIR)
+    config = tmp_path / "kvgate.toml"
+    config.write_text(CONFIG + f'tokenizer = "{TOY_DIR}"\n')
+    body = chat(MODEL, "Which rocket is fastest?", system=SYSTEM, max_tokens=2)
+    status, _, text = await post(f"{workers['w1']}/tokenize", {"model": MODEL, "messages": body["messages"]})
+    assert status == 200, text
+    rendered, special = tok.prompt_text(body)
+    assert json.loads(text)["tokens"] == tok.encode(rendered, special)  # token for token
+    status, _, text = await post(f"{workers['w1']}/v1/chat/completions", body)
+    assert status == 200, text
+    keys = set(tok.blocks(body, MODEL, 16).hashes)
+
+    async def indexed() -> bool:
+        return keys <= set((await index_store.load_snapshot(redis, MODEL)).get("w1", ()))
+
+    await poll(indexed, WAIT_S, "w1's agent to index the gateway's own block hashes", interval_s=0.05)
+    gw = Gateway(redis_url, config, log_dir=tmp_path)
+    async with gateways(gw):
+        for i in range(3):
+            status, headers, text = await post(
+                f"{gw.url}/v1/chat/completions", chat(MODEL, f"question {i}", system=SYSTEM, max_tokens=2)
+            )
+            assert status == 200, text
+            assert headers["x-kvgate-worker"] == "w1"
+        _, text = await get(f"{gw.url}/metrics")
+        assert metric(text.decode(), "kvgate_tokenize_total", model=MODEL, source="local") == 3
+        assert metric(text.decode(), "kvgate_tokenize_total", model=MODEL, source="worker") is None

@@ -150,6 +150,9 @@ def test_chain_map_is_bounded() -> None:
         pytest.param([0, 1, 2], [None, None, None], 0, 0, id="consecutive"),
         pytest.param([0, 3], [None, "gap"], 1, 2, id="two batches missed"),
         pytest.param([5, 6, 0], [None, None, "reset"], 0, 0, id="publisher restarted"),
+        pytest.param([0, 1, 1, 2], [None, None, "duplicate", None], 0, 0, id="duplicate skipped"),
+        pytest.param([0, 2, 1, 3], [None, "gap", "late", None], 1, 1, id="reordered: gap, then late"),
+        pytest.param([500, 501, 3], [None, None, "reset"], 0, 0, id="far back: restarted"),
     ],
 )
 def test_seq_accounting(seqs: list[int], result: list[str | None], gaps: int, missed: int) -> None:

@@ -1,0 +1,164 @@
+"""`kvgate bench tokenize`: what the gateway's own tokenizer costs per request, and the loop stall.
+
+    kvgate bench tokenize [--json out/tokenize.json] [--tokenizer DIR] [--rounds 50]
+
+Warm: a chat of `--prefix-tokens` (30k) tokens has been seen; each round sends it again with a new
+user message, about `--prompt-tokens` (32k) in all, and times `LocalTokenizer.blocks_async` (render the
+template, find the seen prefix, encode and hash the rest): p50 / p99 in seconds. Cold: a fresh
+tokenizer (empty caches) gets a whole new 32k-token chat while a ticker on the same event loop wakes
+every millisecond; `loop_stall_p99` (and `_max`) is how late the ticker woke, i.e. how long another
+flow on the loop would have waited. The model directory is bench/toy_model.py's (made on the spot)
+unless `--tokenizer` names one. Writes {"prompt_tokens", "cached_prefix_tokens", "p50", "p99",
+"loop_stall_p99", ...} to --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import toy_model
+from plugin.local_tokenizer import LocalTokenizer
+from runtime.tasks import spawn
+
+MODEL = "bench"
+BLOCK = 16
+TICK_S = 0.001
+
+
+def chat(seed: int, tokens: int, tok: LocalTokenizer, words_per_message: int = 300) -> list[dict[str, Any]]:
+    """A chat of alternating user/assistant messages of about `tokens` tokens in all (template included)."""
+    rng, vocab = random.Random(seed), toy_model.words(7)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": toy_model.sentence(rng, vocab, 200)}]
+    while tok.blocks({"messages": messages}, MODEL, BLOCK).prompt_tokens < tokens:
+        role = "user" if messages[-1]["role"] != "user" else "assistant"
+        messages.append({"role": role, "content": toy_model.sentence(rng, vocab, words_per_message)})
+    return messages
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def warm_rounds(
+    tok: LocalTokenizer, prefix: list[dict[str, Any]], extra_words: int, rounds: int
+) -> Any:
+    rng, vocab = random.Random(11), toy_model.words(7)
+    tok.blocks({"messages": prefix}, MODEL, BLOCK)  # the 30k tokens are seen
+    times, last = [], None
+    for _ in range(rounds):
+        body = {
+            "messages": [*prefix, {"role": "user", "content": toy_model.sentence(rng, vocab, extra_words)}]
+        }
+        started = time.perf_counter()
+        last = await tok.blocks_async(body, MODEL, BLOCK)
+        times.append(time.perf_counter() - started)
+    return times, last
+
+
+async def cold_rounds(
+    directory: Path, tokens: int, rounds: int
+) -> tuple[list[float], list[float], list[float], int]:
+    """Per round a fresh tokenizer and a new chat; the ticker's lateness samples while it runs."""
+    lateness: list[float] = []
+    durations: list[float] = []
+    running = asyncio.Event()
+
+    async def ticker() -> None:
+        while True:
+            due = time.perf_counter() + TICK_S
+            await asyncio.sleep(TICK_S)
+            if running.is_set():
+                lateness.append(max(0.0, time.perf_counter() - due))
+
+    probe = LocalTokenizer.load(directory)
+    bodies = [{"messages": chat(100 + i, tokens, probe)} for i in range(rounds)]
+    prompt_tokens = probe.blocks(bodies[0], MODEL, BLOCK).prompt_tokens
+    task = spawn(ticker(), name="bench-tokenize-ticker")
+    try:
+        running.set()  # the ticker alone first: the machine's own lateness, to compare with
+        await asyncio.sleep(0.5)
+        running.clear()
+        idle = list(lateness)
+        lateness.clear()
+        for body in bodies:
+            tok = LocalTokenizer.load(directory)
+            await asyncio.sleep(0.01)
+            running.set()
+            started = time.perf_counter()
+            await tok.blocks_async(body, MODEL, BLOCK)
+            durations.append(time.perf_counter() - started)
+            running.clear()
+    finally:
+        task.cancel()
+    return durations, lateness, idle, prompt_tokens
+
+
+async def run(
+    directory: Path, prefix_tokens: int, prompt_tokens: int, rounds: int, cold: int
+) -> dict[str, Any]:
+    tok = LocalTokenizer.load(directory)
+    prefix = chat(1, prefix_tokens, tok)
+    per_word = tok.blocks({"messages": prefix}, MODEL, BLOCK).prompt_tokens / sum(
+        len(m["content"].split()) for m in prefix
+    )
+    tok = LocalTokenizer.load(directory)  # measured from a clean cache holding only the prefix
+    extra_words = max(1, int((prompt_tokens - prefix_tokens) / per_word))
+    times, last = await warm_rounds(tok, prefix, extra_words, rounds)
+    cold_times, lateness, idle, cold_tokens = await cold_rounds(directory, prompt_tokens, cold)
+    whole = LocalTokenizer.load(directory)
+    text, special = whole.prompt_text({"messages": prefix})
+    started = time.perf_counter()
+    whole.encode(text, special)
+    return {
+        "prompt_tokens": last.prompt_tokens,
+        "cached_prefix_tokens": last.cached_tokens,
+        "p50": quantile(times, 0.5),
+        "p99": quantile(times, 0.99),
+        "loop_stall_p99": quantile(lateness, 0.99) if lateness else 0.0,
+        "loop_stall_max": max(lateness, default=0.0),
+        "loop_stall_idle_p99": quantile(idle, 0.99) if idle else 0.0,  # the ticker with nothing to wait for
+        "cold_prompt_tokens": cold_tokens,
+        "cold_p50": statistics.median(cold_times),
+        "whole_prefix_encode_s": time.perf_counter() - started,
+        "rounds": rounds,
+        "cold_rounds": cold,
+        "incremental": tok.incremental,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="kvgate bench tokenize", description=__doc__.split("\n")[0])
+    p.add_argument("--json", help="write the figures here")
+    p.add_argument("--tokenizer", help="model directory (default: bench/toy_model.py's, made on the spot)")
+    p.add_argument("--prefix-tokens", type=int, default=30_000)
+    p.add_argument("--prompt-tokens", type=int, default=32_000)
+    p.add_argument("--rounds", type=int, default=50)
+    p.add_argument("--cold-rounds", type=int, default=5)
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if not 0 < args.prefix_tokens < args.prompt_tokens or args.rounds < 1 or args.cold_rounds < 1:
+        p.error("need 0 < --prefix-tokens < --prompt-tokens and at least one round of each")
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(args.tokenizer) if args.tokenizer else toy_model.build(Path(tmp) / "model")
+        out = asyncio.run(
+            run(directory, args.prefix_tokens, args.prompt_tokens, args.rounds, args.cold_rounds)
+        )
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

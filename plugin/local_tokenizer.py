@@ -1,0 +1,283 @@
+"""Exact mode without a round trip: a model's own tokenizer and chat template in the gateway.
+
+`LocalTokenizer.load(dir)` reads `tokenizer.json` (the `tokenizers` library, the Rust tokenizer vLLM's
+fast tokenizers wrap) and `tokenizer_config.json` (chat template, special tokens) from a local model
+directory; nothing is downloaded. Token ids are those vLLM computes: chat requests are rendered with
+the template (plugin/chat_template.py) and encoded without special tokens (vLLM's chat default);
+completions prompts are encoded with them (the tokenizer's post-processor adds BOS, as
+`/v1/completions` does); `add_special_tokens` in the body overrides both.
+
+Prefix-incremental: the rendered text is cut at the tokenizer's added tokens (`<|eot_id|>`,
+`<|im_start|>`, ...), which the tokenizer itself splits on before anything else, so the ids of the
+whole text are the ids of the pieces in order. A chain cache keyed by a hash of the text up to each
+cut keeps the block-hash chain there (hashes, pending tokens of the unfinished block, token count), so
+a prompt that extends a seen one (the next turn of a chat, a shared system prompt and tools) tokenizes
+and hashes only the text after the longest seen cut. A piece cache (piece text -> ids) serves pieces
+seen after a different prefix. A tokenizer whose added tokens strip neighbouring whitespace, match
+only whole words, or match normalized text, or whose pre-tokenizer depends on the position in the
+input (Metaspace `prepend_scheme = "first"`), is not cut: its prompts are encoded whole (exact, not
+incremental).
+
+Event loop: `blocks_async` runs on the loop; new pieces shorter than 16k characters are encoded on
+the loop a few at a time with a yield in between, longer ones in a worker thread (`encode_batch`
+releases the GIL while it works), and long runs of new blocks are hashed in slices with a yield in
+between, so that a cold 32k-token prompt holds up other flows as little as possible (measured:
+`kvgate bench tokenize`, docs/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from hashlib import blake2b
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from cachetools import LRUCache
+from tokenizers import Tokenizer as HfTokenizer
+
+from plugin.chat_template import TemplateError, compile_template, render, special_tokens
+from policy.prefix import token_block_hashes
+
+HASH_SLICE_BLOCKS = 256  # blocks hashed between two yields to the loop (~0.3-1 ms)
+THREAD_MIN_CHARS = 16_384  # a new piece this long (~4k tokens, >1.5 ms) is encoded in a worker thread
+LOOP_SLICE_CHARS = 4096  # shorter new pieces are encoded on the loop, this much text between yields
+
+
+class LocalTokenizerError(ValueError):
+    """A model directory that cannot be loaded (missing or bad tokenizer.json / tokenizer_config.json)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Chain:
+    """The block-hash chain after a cut: `hashes[:n]` are the full blocks so far (shared list)."""
+
+    hashes: list[int]
+    n: int
+    last: bytes  # chain state after block n (the model seed when n == 0)
+    pending: tuple[int, ...]  # ids after the last full block
+    tokens: int  # ids so far
+
+
+@dataclass(frozen=True, slots=True)
+class LocalBlocks:
+    hashes: tuple[int, ...]
+    prompt_tokens: int
+    cached_tokens: int  # ids that came from the chain cache (not encoded or hashed again)
+
+
+def _seed(model: str) -> bytes:
+    return blake2b(b"kvgate\x00" + model.encode(), digest_size=8).digest()
+
+
+def _incremental_ok(tok: HfTokenizer) -> bool:
+    """Whether encoding the pieces between added tokens equals encoding the whole text."""
+    spec = json.loads(tok.to_str())
+    for added in spec.get("added_tokens") or ():
+        if added.get("lstrip") or added.get("rstrip") or added.get("single_word"):
+            return False
+        if added.get("normalized") and spec.get("normalizer") is not None:
+            return False
+    return '"prepend_scheme": "first"' not in json.dumps(spec.get("pre_tokenizer"))
+
+
+class LocalTokenizer:
+    """One model's tokenizer + chat template, with the chain and piece caches (module docstring)."""
+
+    def __init__(
+        self,
+        tokenizer: HfTokenizer,
+        config: Mapping[str, Any],
+        *,
+        chain_entries: int = 16_384,
+        piece_tokens: int = 4_000_000,
+    ) -> None:
+        self.tokenizer = tokenizer
+        source = config.get("chat_template")
+        if isinstance(source, list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in source if isinstance(t, Mapping)}
+            source = named.get("default")
+        self.template: jinja2.Template | None = (
+            compile_template(source) if isinstance(source, str) and source else None
+        )
+        self.specials = special_tokens(config)
+        added = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len)
+        self.incremental = bool(added) and _incremental_ok(tokenizer)
+        self._cut = re.compile("(" + "|".join(re.escape(t) for t in reversed(added)) + ")") if added else None
+        self._chains: LRUCache[tuple[tuple[int, int], int], _Chain] = LRUCache(maxsize=max(1, chain_entries))
+        self._pieces: LRUCache[str, tuple[int, ...]] = LRUCache(maxsize=max(1, piece_tokens), getsizeof=len)
+
+    @classmethod
+    def load(cls, directory: str | Path, **caches: int) -> LocalTokenizer:
+        path = Path(directory)
+        try:
+            tokenizer = HfTokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as e:  # the Rust side raises plain Exception for a bad or missing file
+            raise LocalTokenizerError(f"{path / 'tokenizer.json'}: {e}") from None
+        config: dict[str, Any] = {}
+        config_file = path / "tokenizer_config.json"
+        if config_file.exists():
+            try:
+                config = json.loads(config_file.read_text())
+            except (OSError, ValueError) as e:
+                raise LocalTokenizerError(f"{config_file}: {e}") from None
+        template_file = path / "chat_template.jinja"  # newer checkpoints keep the template apart
+        if "chat_template" not in config and template_file.exists():
+            config["chat_template"] = template_file.read_text()
+        try:
+            return cls(tokenizer, config, **caches)
+        except TemplateError as e:
+            raise LocalTokenizerError(f"{path}: {e}") from None
+
+    # -- text ------------------------------------------------------------------------------------------
+    def prompt_text(self, body: Mapping[str, Any]) -> tuple[str, bool]:
+        """(text, add_special_tokens) of a chat or completions body; TemplateError if unsupported."""
+        if "messages" in body:
+            if self.template is None:
+                raise TemplateError("the model directory has no chat template")
+            return render(self.template, body, self.specials), bool(body.get("add_special_tokens", False))
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise TemplateError("prompt: only a single text prompt is tokenized locally")
+        return prompt, bool(body.get("add_special_tokens", True))
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """The tokenizer's ids of `text` (the reference the incremental path must equal)."""
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        return ids
+
+    # -- blocks ----------------------------------------------------------------------------------------
+    async def blocks_async(self, body: Mapping[str, Any], model: str, block_size: int) -> LocalBlocks:
+        """Token-block hashes of a request (policy.prefix.token_block_hashes of its ids)."""
+        text, special = self.prompt_text(body)
+        plan = self._plan(text, special, block_size)
+        big = [p for p in plan.new if len(p) >= THREAD_MIN_CHARS]
+        small = [p for p in plan.new if len(p) < THREAD_MIN_CHARS]
+        if big:  # one long piece cannot be sliced: off the loop
+            plan.fresh.update(
+                zip(big, map(tuple, await asyncio.to_thread(self._encode, big, special)), strict=True)
+            )
+        batch: list[str] = []
+        for piece in small:  # short pieces on the loop, a yield after every ~LOOP_SLICE_CHARS
+            batch.append(piece)
+            if sum(map(len, batch)) >= LOOP_SLICE_CHARS or piece is small[-1]:
+                plan.fresh.update(zip(batch, map(tuple, self._encode(batch, special)), strict=True))
+                batch = []
+                await asyncio.sleep(0)
+        self._remember(plan)
+        out: LocalBlocks | None = None
+        for out in self._extend(plan, model, block_size):
+            if out is None:
+                await asyncio.sleep(0)
+        assert out is not None
+        return out
+
+    def blocks(self, body: Mapping[str, Any], model: str, block_size: int) -> LocalBlocks:
+        """`blocks_async` on the caller's thread, without yielding (tests, benchmarks)."""
+        text, special = self.prompt_text(body)
+        plan = self._plan(text, special, block_size)
+        if plan.new:
+            plan.fresh.update(zip(plan.new, map(tuple, self._encode(plan.new, special)), strict=True))
+            self._remember(plan)
+        out = None
+        for out in self._extend(plan, model, block_size):  # noqa: B007 - the last value is the result
+            pass
+        assert out is not None
+        return out
+
+    def _encode(self, texts: Sequence[str], special: bool) -> list[list[int]]:
+        """One encode_batch call (it releases the GIL, plain encode does not)."""
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=special)]
+
+    def _remember(self, plan: _Plan) -> None:
+        if plan.keys[0] is not None:  # incremental: pieces are worth keeping
+            for text in plan.new:
+                self._pieces[text] = plan.fresh[text]
+
+    def _plan(self, text: str, special: bool, block_size: int) -> _Plan:
+        """Cut `text`, find the longest cached chain, and list the pieces after it still to encode."""
+        if not self.incremental or self._cut is None or special:
+            # special tokens come from the post-processor: only a whole-text encode knows where they go
+            return _Plan([text], [None], None, [text])
+        pieces = [p for p in self._cut.split(text) if p]
+        # key of the text up to each cut: a chain of Python's (SipHash) str hashes, with the length
+        # checked on a hit; the pieces' hashes are cached on the str objects for the lookups below
+        keys: list[tuple[int, int]] = []
+        key, length = 0, 0
+        for piece in pieces:
+            length += len(piece)
+            key = hash((key, piece))
+            keys.append((key, length))
+        start, chain = 0, None
+        for i in range(len(pieces) - 1, -1, -1):
+            found = self._chains.get((keys[i], block_size))
+            if found is not None:
+                start, chain = i + 1, found
+                break
+        rest = pieces[start:]
+        new = [p for p in dict.fromkeys(rest) if p not in self._pieces and not self._is_added(p)]
+        return _Plan(rest, list(keys[start:]), chain, new)
+
+    def _is_added(self, piece: str) -> bool:
+        return self._cut is not None and self._cut.fullmatch(piece) is not None
+
+    def _piece_ids(self, plan: _Plan, piece: str) -> tuple[int, ...]:
+        ids = plan.fresh.get(piece) or self._pieces.get(piece)
+        if ids is None:  # an added token (never stored), or a piece the LRU dropped meanwhile
+            ids = tuple(self.tokenizer.encode(piece, add_special_tokens=False).ids)
+        return ids
+
+    def _extend(self, plan: _Plan, model: str, block_size: int) -> Iterator[LocalBlocks | None]:
+        """Continue the chain over the plan's pieces; yields None between hash slices, then the result."""
+        c = plan.chain
+        if c is None:
+            hashes: list[int] = []
+            pending: tuple[int, ...] = ()
+            last, tokens = _seed(model), 0
+        else:  # append in place while this chain is the list's end, else branch off a copy
+            hashes = c.hashes if len(c.hashes) == c.n else c.hashes[: c.n]
+            last, tokens = c.last, c.tokens
+            pending = c.pending
+        cached = tokens
+        step = 4 * block_size
+        since_yield = 0
+        for piece, key in zip(plan.pieces, plan.keys, strict=True):
+            ids = self._piece_ids(plan, piece)
+            run = pending + ids
+            full = len(run) // block_size
+            if full:
+                data = array("I", run[: full * block_size]).tobytes()
+                for i in range(full):
+                    last = blake2b(last + data[i * step : (i + 1) * step], digest_size=8).digest()
+                    hashes.append(int.from_bytes(last, "little"))
+                since_yield += full
+            pending = run[full * block_size :]
+            tokens += len(ids)
+            if key is not None:
+                self._chains[(key, block_size)] = _Chain(hashes, len(hashes), last, pending, tokens)
+            if since_yield >= HASH_SLICE_BLOCKS:
+                since_yield = 0
+                yield None
+        yield LocalBlocks(tuple(hashes), max(1, tokens), cached)
+
+
+@dataclass(slots=True)
+class _Plan:
+    pieces: list[str]  # pieces after the cached chain, in order
+    keys: list[tuple[int, int] | None]  # (hash chain, length) of the text up to the end of each piece
+    chain: _Chain | None  # the longest cached chain the text starts with
+    new: list[str]  # distinct pieces to encode (in no cache)
+    fresh: dict[str, tuple[int, ...]] = field(default_factory=dict)  # their ids, once encoded
+
+
+def reference_hashes(tok: LocalTokenizer, body: Mapping[str, Any], model: str, block_size: int) -> list[int]:
+    """Whole-text encode + policy.prefix.token_block_hashes: what the incremental path must equal."""
+    text, special = tok.prompt_text(body)
+    return list(token_block_hashes(tok.encode(text, special), model=model, block_size=block_size)[0])
