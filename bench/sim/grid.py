@@ -43,7 +43,7 @@ from typing import Any
 
 from bench.sim.profiles import PROFILE_DIR, load_profile
 from bench.sim.registry import POLICIES, resolve_policies
-from bench.sim.runner import _safe_run, prepare_workload, run_object
+from bench.sim.runner import prepare_workload, run_object, safe_run
 from bench.sim.scenarios import SCENARIOS, build_scenario
 from bench.sim.traces import WekaOptions, is_weka_source, load_trace, load_weka
 from bench.sim.types import SimRequest
@@ -332,7 +332,7 @@ def run_key(cell: Cell, policy: str, spec: GridSpec) -> str:
     """The cache key of one (cell, policy) run."""
     workload = asdict(cell.workload)
     source = cell.workload.trace
-    profile_file = PROFILE_DIR / f"{spec.profile}.toml"
+    profile_file = _profile_file(spec.profile)
     inputs = {
         "format": GRID_FORMAT,
         "workload": workload,
@@ -346,6 +346,10 @@ def run_key(cell: Cell, policy: str, spec: GridSpec) -> str:
         "code": code_digest(policy),
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _profile_file(profile: str) -> Path:
+    return Path(profile) if profile.endswith(".toml") else PROFILE_DIR / f"{profile}.toml"
 
 
 def bounds_key(cell: Cell, spec: GridSpec) -> str:
@@ -381,7 +385,7 @@ class CellTask:
 def _run_cell(task: CellTask) -> tuple[int, list[dict[str, object]]]:
     runs = [
         run_object(
-            _safe_run(p, task.requests, task.profile, task.workers, task.seed, task.scrape_period_s, None)
+            safe_run(p, task.requests, task.profile, task.workers, task.seed, task.scrape_period_s, None)
         )
         for p in task.policies
     ]

@@ -201,7 +201,7 @@ def run_policy(
     )
 
 
-def _safe_run(*args: object, **kwargs: object) -> PolicyRun:
+def safe_run(*args: object, **kwargs: object) -> PolicyRun:
     try:
         return run_policy(*args, **kwargs)  # type: ignore[arg-type]
     except Exception as e:  # a broken peer must not sink the other policies' results
@@ -245,7 +245,7 @@ def run_policies(
     if jobs <= 1 or total == 1:
         for i, task in enumerate(tasks):
             policy, workload = task[0], task[1]
-            results[i] = _safe_run(
+            results[i] = safe_run(
                 policy,
                 workload.requests,
                 profile_name,
@@ -260,7 +260,7 @@ def run_policies(
     with ProcessPoolExecutor(max_workers=min(jobs, total)) as pool:
         futures: dict[Future[PolicyRun], int] = {
             pool.submit(
-                _safe_run,
+                safe_run,
                 task[0],
                 task[1].requests,
                 profile_name,
