@@ -224,7 +224,7 @@ def _main(argv: list[str]) -> int:
 def _grid_main(args: argparse.Namespace) -> int:
     # imported here: plain runs do not need rich or the grid's modules
     from bench.sim.grid import GridError, default_grid, load_grid, run_grid
-    from bench.sim.grid_report import format_summary, grid_document, plot_heatmap
+    from bench.sim.grid_report import format_by_workload, format_summary, grid_document, plot_heatmap
 
     try:
         policies = None if args.policies == "all" else resolve_policies(args.policies)
@@ -257,6 +257,9 @@ def _grid_main(args: argparse.Namespace) -> int:
     document = grid_document(grid.cells, spec.policies, meta)
     write_json(out / "grid.json", document)
     print(format_summary(document))
+    if "kvgate" in spec.policies:
+        print()
+        print(format_by_workload(document, "kvgate"))
     if not args.no_plots:
         plot_heatmap(out / "grid_p99_ratio.png", document)
     print(

@@ -184,3 +184,36 @@ def plot_heatmap(path: Path, document: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def format_by_workload(document: dict[str, Any], policy: str = "kvgate") -> str:
+    """`policy` per workload: worst and median p99 ratio, cells worse than the best peer, worst p50
+    ratio, median hit ÷ pooled bound, worst flap_rate (same definitions as the summary)."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for c in document["cells"]:
+        by.setdefault(c["workload"], []).append(c)
+    rows = [
+        ["workload", "cells", "p99/best worst", "median", ">1", "p50/best worst", "hit/pooled", "flap worst"]
+    ]
+    for workload, cells in by.items():
+        s = summarise(cells, [policy])[policy]
+        rows.append(
+            [
+                workload,
+                str(len(cells)),
+                _fmt(s["p99_ratio_worst"], ".2f"),
+                _fmt(s["p99_ratio_median"], ".2f"),
+                str(s["cells_worse_than_best_peer"]),
+                _fmt(s["p50_ratio_worst"], ".2f"),
+                _fmt(s["hit_over_pooled_median"], ".3f"),
+                _fmt(s["flap_rate_worst"], ".1%"),
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    body = [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
+    return "\n".join([f"{policy} per workload:", *body])

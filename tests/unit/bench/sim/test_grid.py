@@ -226,5 +226,7 @@ def test_cli_writes_grid_json_in_the_interface_shape(
     assert set(doc["summary"]) == {"round_robin", "dynamo", "kvgate"}
     assert all(keys <= set(s) for s in doc["summary"].values())
     assert (out / "grid_p99_ratio.png").stat().st_size > 1000
-    assert "p99/best worst" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "p99/best worst" in printed
+    assert "kvgate per workload:" in printed and "system_prompt" in printed.split("per workload:")[1]
     assert main(["--grid", str(tmp_path / "missing.toml"), "--out", str(out)]) == 2
