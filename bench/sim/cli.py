@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kvgate bench sim", description=__doc__.split("\n")[0])
     source = p.add_mutually_exclusive_group()
     source.add_argument(
-        "--trace", help="Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids)"
+        "--trace", help="a trace: Mooncake JSONL, or WEKA traces (a directory or tar; see --trace-format)"
     )
     source.add_argument("--scenario", help="generated workload; see --list-scenarios")
     source.add_argument(
