@@ -110,7 +110,7 @@ def traces_dir() -> Path:
 
 # The default grid: per-cell sizes chosen so that all of it runs in <= 20 min on 2 cores (measured in
 # docs/BENCHMARKS.md); each seed replays a different slice / sample of every trace.
-DEFAULT_REQUESTS = 1000
+DEFAULT_REQUESTS = 600
 DEFAULT_LOADS = (0.5, 0.7, 0.8, 0.9, 1.0, 1.2)
 DEFAULT_SEEDS = (1, 2, 3)
 DEFAULT_WORKERS = (8, 16)
@@ -132,8 +132,8 @@ def default_grid(policies: Sequence[str] | None = None) -> GridSpec:
             str(root / "weka_agentic_coding/traces.tar.gz"),
             format="weka",
             requests=n,
-            conversations=40,
-            window_s=900.0,
+            conversations=24,
+            window_s=600.0,
             duration_s=1800.0,
         ),
     ]
