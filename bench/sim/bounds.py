@@ -9,8 +9,9 @@ Both are token-weighted (hit tokens / input tokens) and replay requests in arriv
 Reference values (shared/reference/PEERS.md §5): conversation trace ideal 37.4 %, LRU 10k blocks 21.6 %,
 50k 36.2 %; synthetic ideal 65.1 %, LRU 10k 43.2 %.
 
-And a latency floor: `ttft_floor` = a percentile of each request's TTFT on an idle worker with an
-infinite cache (only the prefix never seen before is computed). No router can bring a TTFT percentile
+And a latency floor: `ttft_floors` = each request's TTFT on an idle worker with an infinite cache (only
+the prefix never seen before is computed; the denominator of the per-request "slowdown" metric), and
+`ttft_floor` = a percentile of them. No router can bring a TTFT percentile
 below it; it tells how much of a trace's tail is prefill of long prompts rather than queueing.
 
     python -m bench.sim.bounds TRACE.jsonl [--workers 8] [--profile h100-llama3.1-8b]
@@ -78,10 +79,11 @@ def reusable_working_set_tokens(requests: Sequence[SimRequest]) -> int:
     return sum(tokens_of[b] for b, n in counts.items() if n >= 2)
 
 
-def ttft_floor(requests: Iterable[SimRequest], profile: EngineProfile, q: float = 99.0) -> float:
-    """Percentile `q` of TTFT on an idle worker with an infinite cache (compulsory misses only)."""
+def ttft_floors(requests: Iterable[SimRequest], profile: EngineProfile) -> list[float]:
+    """Each request's TTFT floor, in order: its own uncached prefill on an idle worker with an infinite
+    cache, i.e. only the prefix no earlier request had is computed (compulsory misses only)."""
     seen: set[int] = set()
-    ttfts: list[float] = []
+    floors: list[float] = []
     for req in requests:
         hit = 0
         for block_id, tokens in zip(req.block_ids, req.block_tokens, strict=True):
@@ -89,8 +91,13 @@ def ttft_floor(requests: Iterable[SimRequest], profile: EngineProfile, q: float 
                 break
             hit += tokens
         seen.update(req.block_ids)
-        ttfts.append(prefill_time_s(profile, max(1, req.input_tokens - hit), hit))
-    ttfts.sort()
+        floors.append(prefill_time_s(profile, max(1, req.input_tokens - hit), hit))
+    return floors
+
+
+def ttft_floor(requests: Iterable[SimRequest], profile: EngineProfile, q: float = 99.0) -> float:
+    """Percentile `q` of the per-request TTFT floors (`ttft_floors`)."""
+    ttfts = sorted(ttft_floors(requests, profile))
     if not ttfts:
         return 0.0
     pos = (len(ttfts) - 1) * q / 100.0

@@ -3,6 +3,8 @@
   kvgate bench sim --trace ../shared/traces/mooncake_fast25/conversation_trace.jsonl --policies all
   kvgate bench sim --scenario multi_tenant --workers 8 --load 0.8 --out out/sim --sweep
   kvgate bench sim --scenario overload --admission all --policies kvgate
+  kvgate bench sim --trace ../shared/traces/weka_agentic_coding/traces.tar.gz --trace-format weka
+  kvgate bench sim --grid default --out out/grid --jobs 2
 Prints a table, writes OUT/results.json (schema: docs/SIMULATOR.md) and PNG plots; --sweep adds
 OUT/sweep.json and sweep_ttft_p99.png over several offered loads. Bad input exits 2 with one line.
 """
@@ -12,7 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.sim.profiles import ProfileError, list_profiles, load_profile
 from bench.sim.registry import UnknownPolicy, resolve_policies, with_indexes
@@ -34,7 +38,10 @@ from bench.sim.runner import (
     run_policies,
 )
 from bench.sim.scenarios import UnknownScenario, list_scenarios
-from bench.sim.traces import TraceError
+from bench.sim.traces import TraceError, WekaOptions
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
 
 DEFAULT_SWEEP = (0.4, 0.6, 0.8, 0.9, 1.0)
 
@@ -52,9 +59,34 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kvgate bench sim", description=__doc__.split("\n")[0])
     source = p.add_mutually_exclusive_group()
     source.add_argument(
-        "--trace", help="Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids)"
+        "--trace", help="a trace: Mooncake JSONL, or WEKA traces (a directory or tar; see --trace-format)"
     )
     source.add_argument("--scenario", help="generated workload; see --list-scenarios")
+    source.add_argument(
+        "--grid",
+        help="robustness grid: 'default' or a grid TOML (bench/sim/grid.py); writes OUT/grid.json",
+    )
+    p.add_argument("--cache", help="grid run cache directory (default OUT/cache)")
+    p.add_argument(
+        "--trace-format",
+        choices=("auto", "mooncake", "weka"),
+        default="auto",
+        help="mooncake (JSONL) or weka (a directory of kv-cache-tester JSON files, or their tar); "
+        "auto: weka for a directory or tar, else mooncake",
+    )
+    weka = p.add_argument_group("WEKA traces (seeded by --seed)")
+    weka.add_argument("--weka-conversations", type=int, default=80, help="conversations to replay (80)")
+    weka.add_argument(
+        "--weka-window", type=float, default=1800.0, help="spread conversation starts over this many s (1800)"
+    )
+    weka.add_argument(
+        "--weka-duration", type=float, default=3600.0, help="keep each conversation's first N s (3600)"
+    )
+    weka.add_argument(
+        "--weka-max-context",
+        type=int,
+        help="drop requests with input + output tokens above this (default: the profile's max context)",
+    )
     p.add_argument("--list-scenarios", action="store_true", help="list scenario names and exit")
     p.add_argument("--workers", type=int, default=8, help="simulated GPU workers (default 8)")
     p.add_argument(
@@ -101,8 +133,12 @@ def _main(argv: list[str]) -> int:
         for name, help_text in list_scenarios():
             print(f"{name:<16} {help_text}")
         return 0
+    if args.jobs <= 0:
+        raise UsageError(f"--jobs must be > 0, got {args.jobs}")
+    if args.grid is not None:
+        return _grid_main(args)
     if args.trace is None and args.scenario is None:
-        raise UsageError("give --trace PATH or --scenario NAME (see --list-scenarios)")
+        raise UsageError("give --trace PATH, --scenario NAME (see --list-scenarios) or --grid")
     if args.load is not None and args.load <= 0:
         raise UsageError(f"--load must be > 0, got {args.load}")
     if args.admission is not None and args.sweep:
@@ -111,10 +147,14 @@ def _main(argv: list[str]) -> int:
         raise UsageError(f"--workers must be > 0, got {args.workers}")
     if args.limit is not None and args.limit < 2:
         raise UsageError(f"--limit must be >= 2, got {args.limit}")
-    if args.jobs <= 0:
-        raise UsageError(f"--jobs must be > 0, got {args.jobs}")
     if args.scrape_period <= 0:
         raise UsageError(f"--scrape-period must be > 0, got {args.scrape_period}")
+    if args.weka_conversations <= 0:
+        raise UsageError(f"--weka-conversations must be > 0, got {args.weka_conversations}")
+    if args.weka_window < 0 or args.weka_duration <= 0:
+        raise UsageError("--weka-window must be >= 0 and --weka-duration > 0")
+    if args.weka_max_context is not None and args.weka_max_context <= 0:
+        raise UsageError(f"--weka-max-context must be > 0, got {args.weka_max_context}")
     loads = _sweep_loads(args.sweep_loads) if args.sweep else []
     try:
         profile = load_profile(args.profile)
@@ -123,8 +163,17 @@ def _main(argv: list[str]) -> int:
             policies = with_indexes(policies, args.index)
         admissions = None if args.admission is None else _admissions(args.admission)
         overload = args.scenario == "overload"
+        weka = WekaOptions(
+            conversations=args.weka_conversations,
+            window_s=args.weka_window,
+            max_context=args.weka_max_context or profile.max_context_tokens,
+            duration_s=args.weka_duration,
+            seed=args.seed,
+        )
         name, requests = (
-            ("", []) if overload else load_requests(args.trace, args.scenario, args.seed, args.limit)
+            ("", [])
+            if overload
+            else load_requests(args.trace, args.scenario, args.seed, args.limit, args.trace_format, weka)
         )
     except ProfileError as e:
         raise UsageError(f"{e} (profiles: {', '.join(list_profiles())})") from None
@@ -177,6 +226,83 @@ def _main(argv: list[str]) -> int:
             plot_sweep(out, sweep)
     print(f"\nwrote {out / 'results.json'}", file=sys.stderr)
     return 1 if any(r.error for r in runs) else 0
+
+
+def _grid_main(args: argparse.Namespace) -> int:
+    # imported here: plain runs do not need rich or the grid's modules
+    from bench.sim.grid import GridError, default_grid, load_grid, run_grid
+    from bench.sim.grid_report import format_by_workload, format_summary, grid_document, plot_heatmap
+
+    try:
+        policies = None if args.policies == "all" else resolve_policies(args.policies)
+        spec = default_grid(policies) if args.grid == "default" else load_grid(args.grid, policies)
+        load_profile(spec.profile)
+    except (GridError, UnknownPolicy) as e:
+        raise UsageError(str(e)) from None
+    except ProfileError as e:
+        raise UsageError(f"{e} (profiles: {', '.join(list_profiles())})") from None
+    out = Path(args.out)
+    cache_dir = Path(args.cache) if args.cache else out / "cache"
+    try:
+        with _progress_bar() as progress:
+            grid = run_grid(spec, cache_dir, args.jobs, progress)
+    except (TraceError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    meta = {
+        "grid": args.grid,
+        "profile": spec.profile,
+        "policies": list(spec.policies),
+        "loads": list(spec.loads),
+        "seeds": list(spec.seeds),
+        "workers": list(spec.workers),
+        "workloads": [w.name for w in spec.workloads],
+        "computed_runs": grid.computed_runs,
+        "cached_runs": grid.cached_runs,
+        "wall_s": grid.wall_s,
+        "jobs": args.jobs,
+    }
+    document = grid_document(grid.cells, spec.policies, meta)
+    write_json(out / "grid.json", document)
+    print(format_summary(document))
+    if "kvgate" in spec.policies:
+        print()
+        print(format_by_workload(document, "kvgate"))
+    if not args.no_plots:
+        plot_heatmap(out / "grid_p99_ratio.png", document)
+    print(
+        f"\nwrote {out / 'grid.json'}: {len(grid.cells)} cells, {grid.computed_runs} runs computed, "
+        f"{grid.cached_runs} cached, {grid.wall_s:.0f} s",
+        file=sys.stderr,
+    )
+    for line in grid.failed:
+        print(f"FAILED {line}", file=sys.stderr)
+    return 1 if grid.failed else 0
+
+
+class _progress_bar:
+    """A rich progress bar over the (cell, policy) runs left to compute."""
+
+    def __enter__(self) -> Callable[[int, int], None]:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        self._bar = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            transient=False,
+        )
+        self._task: TaskID | None = None
+        self._bar.start()
+        return self.update
+
+    def update(self, done: int, total: int) -> None:
+        if self._task is None:
+            self._task = self._bar.add_task("grid runs", total=total)
+        self._bar.update(self._task, completed=done)
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.stop()
 
 
 def _admissions(spec: str) -> list[str]:

@@ -27,6 +27,7 @@ from enum import Enum
 from typing import Protocol, cast
 
 from bench.sim.engine import Engine, EngineRequest, Finished, FirstToken
+from bench.sim.hot_prefix import FlapCounter
 from bench.sim.profiles import EngineProfile
 from bench.sim.types import ClusterView, Router, Scraped, SimRequest
 from policy.types import WorkerView
@@ -150,6 +151,10 @@ class SimCluster:
     def capacity_tokens(self, worker_id: str) -> int:
         return self.profile.capacity_tokens
 
+    def queued_prefill_tokens(self, worker_id: str) -> int:
+        """Engine truth (for flap_rate, not for routers): prompt tokens still to compute there."""
+        return self.engines[worker_id].queued_prefill_tokens()
+
     def max_concurrency(self, worker_id: str) -> int:
         return self.profile.max_num_seqs
 
@@ -255,6 +260,7 @@ class _Run:
         self.finished_since_release = False
         self.release_on_first_token = bool(getattr(gate, "release_on_first_token", False))
         self.scrape_boundaries: set[int] = set()
+        self.flaps = FlapCounter(profile)
 
     def push(self, time_s: float, phase: int, payload: object) -> None:
         heapq.heappush(self.heap, (time_s, phase, self.seq, payload))
@@ -326,6 +332,7 @@ class _Run:
             self.dispatch(req, now)
         elif verdict is Verdict.REJECT:
             self.records[req.id].rejected = True
+            self.flaps.reject(req)
 
     def dispatch(self, req: SimRequest, now: float) -> None:
         self.submit(req, self.router.route(req, self.cluster, now), now)
@@ -334,6 +341,7 @@ class _Run:
         engine = self.cluster.engines.get(wid)
         if engine is None:
             raise ValueError(f"router {self.router.name!r} picked unknown worker {wid!r}")
+        self.flaps.observe(req, wid, self.cluster.worker_ids, self.cluster)
         record = self.records[req.id]
         record.worker = wid
         record.dispatch_s = now
@@ -380,4 +388,5 @@ class _Run:
             prefix_cache_hits={wid: e.prefix_cache_hits for wid, e in engines.items()},
             duration_s=max(finishes, default=0.0),
             scrapes=self.scrapes,
+            extra={"flap_requests": self.flaps.requests, "flap_moves": self.flaps.flaps},
         )

@@ -104,6 +104,15 @@ class EngineState:
             n += 1
         return n
 
+    def queued_prefill_tokens(self) -> int:
+        """Prompt tokens the engine must still compute for the requests it holds: the rest of running
+        prefills, and each waiting request's prompt beyond what the cache would give it now."""
+        total = sum(r.target - r.computed for r in self._running if r.computed < r.target)
+        for r in self._waiting:
+            hit = self.cached_prefix_keys(r.keys)
+            total += r.prompt + r.generated - (r.cum[hit - 1] if hit else 0)
+        return total
+
     def drain_kv_events(self) -> list[tuple[str, list[Hashable]]]:
         """("stored" | "removed" | "cleared", keys) since the last call (record_kv_events=True only)."""
         events = self._cache.events

@@ -17,6 +17,10 @@ Definitions (times in seconds from the request's arrival; rates as fractions):
                   busy time saturates near 1 on every worker (kept as `per_worker_busy`).
                   util_cv = population std / mean of per_worker_util.
   switch_rate     hot-prefix switches / counted pairs (see `switch_rate`).
+  flap_rate       hot-prefix requests sent to a worker that did not hold the prefix while a holder was
+                  not overloaded / hot-prefix requests (engine truth; bench/sim/hot_prefix.py).
+  slowdown_*      per request TTFT / its TTFT floor (bench/sim/bounds.py `ttft_floors`: its own
+                  compulsory-miss prefill on an idle worker); p50/p99 over requests with a first token.
 Extra balance measures: inflight_cv = CV of each worker's time-averaged requests in flight;
 prefill_tokens_cv = CV of the prompt tokens each worker computed (input - cached).
 Percentiles interpolate linearly between order statistics (numpy's default "linear").
@@ -32,15 +36,14 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bench.sim.bounds import ttft_floors
 from bench.sim.cluster import RequestRecord, SimResult
+from bench.sim.hot_prefix import HOT_WINDOW_S, HotPrefixes
 from bench.sim.load import decode_token_cost_s
 from bench.sim.profiles import EngineProfile, prefill_time_s
 from bench.sim.types import SimRequest
 from bench.stats import percentile
 from policy.types import Band
-
-SWITCH_MIN_COVERAGE = 0.5  # a shared prefix counts for switch_rate if it covers >= 50% of the input
-HOT_WINDOW_S = 60.0  # ... and was asked for within this long before (the article's stickiness bound T)
 
 METRIC_NAMES = (
     "hit_rate",
@@ -55,6 +58,9 @@ METRIC_NAMES = (
     "throughput_tok_s",
     "util_cv",
     "switch_rate",
+    "flap_rate",
+    "slowdown_p50",
+    "slowdown_p99",
 )
 
 
@@ -63,36 +69,20 @@ def switch_stats(
 ) -> tuple[int, int]:
     """(switches, counted pairs) of the hot-prefix switch rate.
 
-    For each request in arrival order, its key is the deepest of its block ids that appeared in an
-    earlier request (its longest previously seen prefix). The request counts only if that prefix covers
-    >= 50 % of its input tokens and some earlier routed request contained the key block no more than
-    `window_s` before it (the prefix is hot: a prefix last asked for minutes ago has usually left every
-    cache, and sending it anywhere is no oscillation); it is then paired with the most recent such
-    request, and the pair is a switch if the two went to different workers. Rejected requests (worker
-    None) neither count nor update the history. `window_s=math.inf` counts every pair.
+    A request counts if it has a hot prefix (bench/sim/hot_prefix.py: its longest previously seen
+    prefix covers >= 50 % of its input, and an earlier routed request contained it no more than
+    `window_s` before); it is then paired with the most recent such request, and the pair is a switch
+    if the two went to different workers. Rejected requests (worker None) neither count nor update the
+    history. `window_s=math.inf` counts every pair.
     """
-    last_routed: dict[int, tuple[str, float]] = {}  # block id -> (worker, arrival) of its latest request
-    seen: set[int] = set()
+    hot = HotPrefixes(window_s)
     switches = pairs = 0
     for req, worker in zip(requests, workers, strict=True):
-        depth = -1
-        for i, block_id in enumerate(req.block_ids):
-            if block_id in seen:
-                depth = i
-        if depth >= 0 and worker is not None:
-            covered = sum(req.block_tokens[: depth + 1])
-            previous = last_routed.get(req.block_ids[depth])
-            if (
-                previous is not None
-                and req.arrival_s - previous[1] <= window_s
-                and covered >= SWITCH_MIN_COVERAGE * req.input_tokens
-            ):
-                pairs += 1
-                switches += previous[0] != worker
-        seen.update(req.block_ids)
-        if worker is not None:
-            for block_id in req.block_ids:
-                last_routed[block_id] = (worker, req.arrival_s)
+        key = hot.hot_key(req) if worker is not None else None
+        if key is not None:
+            pairs += 1
+            switches += key[1] != worker
+        hot.record(req, worker)
     return switches, pairs
 
 
@@ -153,6 +143,9 @@ def compute_metrics(
     routed_to = [r.worker for r in records]
     util = _useful_work_util(records, requests, result.worker_ids, profile, duration)
     busy = {w: (result.busy_s[w] / duration if duration > 0 else 0.0) for w in result.worker_ids}
+    floor = dict(zip((r.id for r in requests), ttft_floors(requests, profile), strict=True))
+    slowdown = sorted((r.first_token_s - r.arrival_s) / floor[r.id] for r in started)  # type: ignore[operator]
+    flap_requests = result.extra.get("flap_requests", 0)
     return {
         "hit_rate": sum(r.cached_tokens for r in started) / input_tokens if input_tokens else 0.0,
         "ttft_p50": percentile(ttft, 50),
@@ -167,6 +160,10 @@ def compute_metrics(
         "util_cv": coefficient_of_variation(list(util.values())),
         "switch_rate": switch_rate(requests, routed_to),
         "switch_rate_all": switch_rate(requests, routed_to, math.inf),
+        "flap_rate": result.extra.get("flap_moves", 0) / flap_requests if flap_requests else 0.0,
+        "flap_requests": flap_requests,
+        "slowdown_p50": percentile(slowdown, 50),
+        "slowdown_p99": percentile(slowdown, 99),
         "ttft_mean": statistics.fmean(ttft) if ttft else math.nan,
         "inflight_cv": coefficient_of_variation(_mean_inflight(records, result.worker_ids, duration)),
         "prefill_tokens_cv": coefficient_of_variation(_prefill_tokens(records, result.worker_ids)),

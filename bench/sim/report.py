@@ -30,6 +30,8 @@ TABLE_COLUMNS = (
     ("throughput_tok_s", "tok/s", "{:.0f}"),
     ("util_cv", "util cv", "{:.3f}"),
     ("switch_rate", "switch", "{:.1%}"),
+    ("flap_rate", "flap", "{:.1%}"),
+    ("slowdown_p99", "slow p99", "{:.1f}"),
 )
 
 

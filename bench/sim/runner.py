@@ -36,7 +36,7 @@ from bench.sim.scenarios import (
     overload_requests,
     overload_utilisation,
 )
-from bench.sim.traces import TRACE_BLOCK_TOKENS, load_trace
+from bench.sim.traces import TRACE_BLOCK_TOKENS, WekaOptions, is_weka_source, load_trace, load_weka
 from bench.sim.types import SimRequest
 
 CDF_POINTS = 1000  # TTFT samples kept per policy for the CDF plot
@@ -66,9 +66,19 @@ class PolicyRun:
 
 
 def load_requests(
-    trace: str | None, scenario: str | None, seed: int, limit: int | None
+    trace: str | None,
+    scenario: str | None,
+    seed: int,
+    limit: int | None,
+    trace_format: str = "auto",
+    weka: WekaOptions | None = None,
 ) -> tuple[str, list[SimRequest]]:
+    """A trace (Mooncake JSONL, or WEKA: `trace_format` auto picks WEKA for a directory or tar) or a
+    scenario; the WEKA choices are seeded by `seed` unless `weka` says otherwise."""
     if trace is not None:
+        if trace_format == "weka" or (trace_format == "auto" and is_weka_source(trace)):
+            options = weka or WekaOptions(seed=seed)
+            return trace, load_weka(trace, options)[:limit]
         return trace, load_trace(trace, limit)
     if scenario is None:
         raise ValueError("give --trace PATH or --scenario NAME")
@@ -191,7 +201,7 @@ def run_policy(
     )
 
 
-def _safe_run(*args: object, **kwargs: object) -> PolicyRun:
+def safe_run(*args: object, **kwargs: object) -> PolicyRun:
     try:
         return run_policy(*args, **kwargs)  # type: ignore[arg-type]
     except Exception as e:  # a broken peer must not sink the other policies' results
@@ -235,7 +245,7 @@ def run_policies(
     if jobs <= 1 or total == 1:
         for i, task in enumerate(tasks):
             policy, workload = task[0], task[1]
-            results[i] = _safe_run(
+            results[i] = safe_run(
                 policy,
                 workload.requests,
                 profile_name,
@@ -250,7 +260,7 @@ def run_policies(
     with ProcessPoolExecutor(max_workers=min(jobs, total)) as pool:
         futures: dict[Future[PolicyRun], int] = {
             pool.submit(
-                _safe_run,
+                safe_run,
                 task[0],
                 task[1].requests,
                 profile_name,
@@ -303,19 +313,23 @@ def results_document(
             "infinite_hit_rate": workload.infinite_hit_rate,
             "pooled_lru_hit_rate": workload.pooled_lru_hit_rate,
         },
-        "runs": [
-            {"policy": split_index(r.policy)[0], "metrics": _finite(r.metrics), "wall_s": r.wall_s}
-            | ({"index": split_index(r.policy)[1]} if "@" in r.policy else {})
-            | ({"admission": r.admission} if r.admission is not None else {})
-            | ({"error": r.error} if r.error else {})
-            for r in runs
-        ],
+        "runs": [run_object(r) for r in runs],
         "profile": profile_name,
         "seed": seed,
         "requests": len(workload.requests),
         "cache_pressure": workload.cache_pressure,
         "load_plan": asdict(workload.plan),
     }
+
+
+def run_object(run: PolicyRun) -> dict[str, object]:
+    """One entry of results.json `runs` (and of grid.json cells' `runs`)."""
+    return (
+        {"policy": split_index(run.policy)[0], "metrics": _finite(run.metrics), "wall_s": run.wall_s}
+        | ({"index": split_index(run.policy)[1]} if "@" in run.policy else {})
+        | ({"admission": run.admission} if run.admission is not None else {})
+        | ({"error": run.error} if run.error else {})
+    )
 
 
 def _finite(metrics: dict[str, object]) -> dict[str, object]:
