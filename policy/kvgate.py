@@ -3,13 +3,18 @@
     candidates  Eligible (healthy, not draining) → HardOverload (engine slots / KV full)
                 → ReplicaCap (a prefix held by ≥ cap workers stays on them unless hot and overloaded)
                 → StickyHold (within the window a prefix stays on its worker unless overloaded)
-    cost(w)     = (ttft(w) + miss_weight × own_prefill(w)) × (1 − cold_start(w))
+    cost(w)     = (ttft(w) + miss_weight × (1 + min(queued(w), miss_queue_cap)) × own_prefill(w))
+                  × (1 − cold_start(w))
                   ttft = TtftModel.ttft_s(w, prompt − effective_hit(w)); own_prefill = its uncached part
     winner      = argmin cost, seeded tie-break
 
 effective_hit(w) is the worker's cached prompt prefix, ignored below `min_cache_gain` of the prompt (30 %).
-`miss_weight` charges the uncached prefill a second time: it is work the worker's later requests wait
-for, which a greedy per-request TTFT does not see (keeps hit rates high under load).
+`miss_weight` charges the uncached prefill again for each request queued on the worker (up to the cap)
+and the next arrival: it is work they wait for, which a greedy per-request TTFT does not see. With every
+worker queued a hit is capacity (hit rates stay high under overload); on an idle worker a recompute
+costs little more than its own TTFT. No affinity guard holds a request on a worker whose predicted TTFT
+exceeds the cost of serving it elsewhere (`scorers.holding_costs_more`), and the prediction counts the
+prefill queued on the worker and how late its queue already runs (`overdue_s`, policy/ledger.py).
 The TTFT model (policy/scorers.py) charges the uncached prefill already queued on the worker plus this
 request's own uncached prefill, slowed by running decodes: it weighs cache against load in one unit
 (seconds), the way Dynamo's cost weighs prefill blocks against decode blocks, instead of mixing unitless
@@ -30,7 +35,7 @@ from policy.config import RoutingConfig
 from policy.filters import Eligible, Filter, HardOverload, ReplicaCap, StickyHold
 from policy.pickers import MinCost
 from policy.profile import RoutingPolicy, run_filters
-from policy.scorers import ColdStart, PredictedTtft, TtftModel, effective_hit_tokens
+from policy.scorers import ColdStart, PredictedTtft, ServeCost, TtftModel, effective_hit_tokens
 from policy.types import Decision, RequestView, WorkerView
 
 
@@ -50,12 +55,17 @@ class KvgatePolicy:
         )
         return PredictedTtft(model=model, min_gain=self.config.min_cache_gain)
 
+    @cached_property
+    def cost(self) -> ServeCost:
+        t = self.config.ttft
+        return ServeCost(self.ttft, miss_weight=t.miss_weight, queue_cap=t.miss_queue_cap)
+
     def filters(self) -> Sequence[Filter]:
         return self._filters
 
     @cached_property
     def _filters(self) -> tuple[Filter, ...]:
-        c, ttft = self.config, self.ttft
+        c, ttft, cost = self.config, self.ttft, self.cost
         return (
             Eligible(),
             HardOverload(),
@@ -65,6 +75,7 @@ class KvgatePolicy:
                 hot_rate_per_s=c.replicas.hot_rate_per_s,
                 overload_ttft_s=c.replicas.overload_ttft_s,
                 overload_load_ratio=c.replicas.overload_load_ratio,
+                cost=cost,
             ),
             StickyHold(
                 ttft=ttft,
@@ -72,6 +83,7 @@ class KvgatePolicy:
                 overload_ttft_s=c.sticky.overload_ttft_s,
                 overload_ratio=c.sticky.overload_ratio,
                 skip_rate_per_s=c.replicas.hot_rate_per_s,
+                cost=cost,
             ),
         )
 
@@ -82,29 +94,25 @@ class KvgatePolicy:
         candidates, narrowed, emptied = run_filters(self.filters(), req, workers, now_s)
         if emptied is not None:
             return Decision.reject(f"no worker left after {emptied}")
-        ttft = self.ttft
-        ttfts = ttft.ttfts(req, candidates)
         cold = self._cold_start.score(req, candidates, now_s)
         prompt = max(req.prompt_tokens, 1)
         hits = {w.id: effective_hit_tokens(req, w.id, c.min_cache_gain) for w in candidates}
         replicate = self._replicate_hot(req, hits)
         if replicate:  # a hot prefix that may grow a replica: the next replica is an investment, not a miss
-            best_hit = max(hits.values())
-            hits = dict.fromkeys(hits, best_hit)
-            ttfts = {w.id: ttft.model.ttft_s(w, req.prompt_tokens - best_hit, best_hit) for w in candidates}
+            hits = dict.fromkeys(hits, max(hits.values()))
         scores: dict[str, dict[str, float]] = {}
         costs: dict[str, float] = {}
         hot = req.prefix_rate >= c.replicas.hot_rate_per_s
         bonus = c.sticky.bonus if (c.sticky.hot_bonus or not hot) else 0.0
         for w in candidates:
             hit = hits[w.id]
-            miss_s = ttft.model.own_prefill_s(req.prompt_tokens - hit, hit)
-            costs[w.id] = (ttfts[w.id] + c.ttft.miss_weight * miss_s) * (1.0 - cold[w.id])
+            ttft_s, miss_s, cost_s = self.cost.parts(req, w, hit)
+            costs[w.id] = cost_s * (1.0 - cold[w.id])
             if w.id == req.sticky_worker:
                 costs[w.id] *= 1.0 - bonus
             scores[w.id] = {
                 "prefix-match": hit / prompt,
-                "predicted-ttft": ttfts[w.id],
+                "predicted-ttft": ttft_s,
                 "miss-work": miss_s,
                 "cold-start": cold[w.id],
                 "cost": costs[w.id],
