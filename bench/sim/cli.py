@@ -4,6 +4,7 @@
   kvgate bench sim --scenario multi_tenant --workers 8 --load 0.8 --out out/sim --sweep
   kvgate bench sim --scenario overload --admission all --policies kvgate
   kvgate bench sim --trace ../shared/traces/weka_agentic_coding/traces.tar.gz --trace-format weka
+  kvgate bench sim --grid default --out out/grid --jobs 2
 Prints a table, writes OUT/results.json (schema: docs/SIMULATOR.md) and PNG plots; --sweep adds
 OUT/sweep.json and sweep_ttft_p99.png over several offered loads. Bad input exits 2 with one line.
 """
@@ -13,7 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.sim.profiles import ProfileError, list_profiles, load_profile
 from bench.sim.registry import UnknownPolicy, resolve_policies
@@ -37,6 +40,9 @@ from bench.sim.runner import (
 from bench.sim.scenarios import UnknownScenario, list_scenarios
 from bench.sim.traces import TraceError, WekaOptions
 
+if TYPE_CHECKING:
+    from rich.progress import TaskID
+
 DEFAULT_SWEEP = (0.4, 0.6, 0.8, 0.9, 1.0)
 
 
@@ -56,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace", help="Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids)"
     )
     source.add_argument("--scenario", help="generated workload; see --list-scenarios")
+    source.add_argument(
+        "--grid",
+        help="robustness grid: 'default' or a grid TOML (bench/sim/grid.py); writes OUT/grid.json",
+    )
+    p.add_argument("--cache", help="grid run cache directory (default OUT/cache)")
     p.add_argument(
         "--trace-format",
         choices=("auto", "mooncake", "weka"),
@@ -117,8 +128,12 @@ def _main(argv: list[str]) -> int:
         for name, help_text in list_scenarios():
             print(f"{name:<16} {help_text}")
         return 0
+    if args.jobs <= 0:
+        raise UsageError(f"--jobs must be > 0, got {args.jobs}")
+    if args.grid is not None:
+        return _grid_main(args)
     if args.trace is None and args.scenario is None:
-        raise UsageError("give --trace PATH or --scenario NAME (see --list-scenarios)")
+        raise UsageError("give --trace PATH, --scenario NAME (see --list-scenarios) or --grid")
     if args.load is not None and args.load <= 0:
         raise UsageError(f"--load must be > 0, got {args.load}")
     if args.admission is not None and args.sweep:
@@ -127,8 +142,6 @@ def _main(argv: list[str]) -> int:
         raise UsageError(f"--workers must be > 0, got {args.workers}")
     if args.limit is not None and args.limit < 2:
         raise UsageError(f"--limit must be >= 2, got {args.limit}")
-    if args.jobs <= 0:
-        raise UsageError(f"--jobs must be > 0, got {args.jobs}")
     if args.scrape_period <= 0:
         raise UsageError(f"--scrape-period must be > 0, got {args.scrape_period}")
     if args.weka_conversations <= 0:
@@ -206,6 +219,80 @@ def _main(argv: list[str]) -> int:
             plot_sweep(out, sweep)
     print(f"\nwrote {out / 'results.json'}", file=sys.stderr)
     return 1 if any(r.error for r in runs) else 0
+
+
+def _grid_main(args: argparse.Namespace) -> int:
+    # imported here: plain runs do not need rich or the grid's modules
+    from bench.sim.grid import GridError, default_grid, load_grid, run_grid
+    from bench.sim.grid_report import format_summary, grid_document, plot_heatmap
+
+    try:
+        policies = None if args.policies == "all" else resolve_policies(args.policies)
+        spec = default_grid(policies) if args.grid == "default" else load_grid(args.grid, policies)
+        load_profile(spec.profile)
+    except (GridError, UnknownPolicy) as e:
+        raise UsageError(str(e)) from None
+    except ProfileError as e:
+        raise UsageError(f"{e} (profiles: {', '.join(list_profiles())})") from None
+    out = Path(args.out)
+    cache_dir = Path(args.cache) if args.cache else out / "cache"
+    try:
+        with _progress_bar() as progress:
+            grid = run_grid(spec, cache_dir, args.jobs, progress)
+    except (TraceError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    meta = {
+        "grid": args.grid,
+        "profile": spec.profile,
+        "policies": list(spec.policies),
+        "loads": list(spec.loads),
+        "seeds": list(spec.seeds),
+        "workers": list(spec.workers),
+        "workloads": [w.name for w in spec.workloads],
+        "computed_runs": grid.computed_runs,
+        "cached_runs": grid.cached_runs,
+        "wall_s": grid.wall_s,
+        "jobs": args.jobs,
+    }
+    document = grid_document(grid.cells, spec.policies, meta)
+    write_json(out / "grid.json", document)
+    print(format_summary(document))
+    if not args.no_plots:
+        plot_heatmap(out / "grid_p99_ratio.png", document)
+    print(
+        f"\nwrote {out / 'grid.json'}: {len(grid.cells)} cells, {grid.computed_runs} runs computed, "
+        f"{grid.cached_runs} cached, {grid.wall_s:.0f} s",
+        file=sys.stderr,
+    )
+    for line in grid.failed:
+        print(f"FAILED {line}", file=sys.stderr)
+    return 1 if grid.failed else 0
+
+
+class _progress_bar:
+    """A rich progress bar over the (cell, policy) runs left to compute."""
+
+    def __enter__(self) -> Callable[[int, int], None]:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        self._bar = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            transient=False,
+        )
+        self._task: TaskID | None = None
+        self._bar.start()
+        return self.update
+
+    def update(self, done: int, total: int) -> None:
+        if self._task is None:
+            self._task = self._bar.add_task("grid runs", total=total)
+        self._bar.update(self._task, completed=done)
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.stop()
 
 
 def _admissions(spec: str) -> list[str]:

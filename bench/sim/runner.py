@@ -201,7 +201,7 @@ def run_policy(
     )
 
 
-def _safe_run(*args: object, **kwargs: object) -> PolicyRun:
+def safe_run(*args: object, **kwargs: object) -> PolicyRun:
     try:
         return run_policy(*args, **kwargs)  # type: ignore[arg-type]
     except Exception as e:  # a broken peer must not sink the other policies' results
@@ -245,7 +245,7 @@ def run_policies(
     if jobs <= 1 or total == 1:
         for i, task in enumerate(tasks):
             policy, workload = task[0], task[1]
-            results[i] = _safe_run(
+            results[i] = safe_run(
                 policy,
                 workload.requests,
                 profile_name,
@@ -260,7 +260,7 @@ def run_policies(
     with ProcessPoolExecutor(max_workers=min(jobs, total)) as pool:
         futures: dict[Future[PolicyRun], int] = {
             pool.submit(
-                _safe_run,
+                safe_run,
                 task[0],
                 task[1].requests,
                 profile_name,
@@ -313,18 +313,22 @@ def results_document(
             "infinite_hit_rate": workload.infinite_hit_rate,
             "pooled_lru_hit_rate": workload.pooled_lru_hit_rate,
         },
-        "runs": [
-            {"policy": r.policy, "metrics": _finite(r.metrics), "wall_s": r.wall_s}
-            | ({"admission": r.admission} if r.admission is not None else {})
-            | ({"error": r.error} if r.error else {})
-            for r in runs
-        ],
+        "runs": [run_object(r) for r in runs],
         "profile": profile_name,
         "seed": seed,
         "requests": len(workload.requests),
         "cache_pressure": workload.cache_pressure,
         "load_plan": asdict(workload.plan),
     }
+
+
+def run_object(run: PolicyRun) -> dict[str, object]:
+    """One entry of results.json `runs` (and of grid.json cells' `runs`)."""
+    return (
+        {"policy": run.policy, "metrics": _finite(run.metrics), "wall_s": run.wall_s}
+        | ({"admission": run.admission} if run.admission is not None else {})
+        | ({"error": run.error} if run.error else {})
+    )
 
 
 def _finite(metrics: dict[str, object]) -> dict[str, object]:

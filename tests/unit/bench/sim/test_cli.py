@@ -76,7 +76,7 @@ def test_sweep_writes_ttft_p99_per_load(tmp_path: Path) -> None:
         ),
         pytest.param(["--scenario", "rag", "--load", "0"], "--load must be > 0", id="zero load"),
         pytest.param(["--scenario", "rag", "--profile", "nope"], "nope", id="unknown profile"),
-        pytest.param([], "give --trace PATH or --scenario NAME", id="no workload"),
+        pytest.param([], "give --trace PATH, --scenario NAME", id="no workload"),
         pytest.param(["--scenario", "rag", "--bogus"], "unrecognized arguments", id="unknown flag"),
     ],
 )
