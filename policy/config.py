@@ -48,10 +48,6 @@ class TtftModelConfig:
         default=1.0,
         metadata={"help": "extra weight of this request's uncached prefill (work others wait for)"},
     )
-    miss_queue_cap: int = field(
-        default=4,
-        metadata={"help": "queued requests on a worker that its miss weight counts, at most (0 = fixed)"},
-    )
 
     def __post_init__(self) -> None:
         _check_range("prefill_tokens_per_s", self.prefill_tokens_per_s, 1.0, 1e8)
@@ -59,9 +55,6 @@ class TtftModelConfig:
         _check_range("decode_slowdown", self.decode_slowdown, 0.0, 1.0)
         _check_range("overhead_s", self.overhead_s, 0.0, 60.0)
         _check_range("miss_weight", self.miss_weight, 0.0, 100.0)
-        if isinstance(self.miss_queue_cap, bool) or not isinstance(self.miss_queue_cap, int):
-            raise ConfigError("miss_queue_cap", self.miss_queue_cap, "must be an integer")
-        _check_range("miss_queue_cap", self.miss_queue_cap, 0, 1000)
 
 
 @dataclass(frozen=True)

@@ -3,18 +3,17 @@
     candidates  Eligible (healthy, not draining) → HardOverload (engine slots / KV full)
                 → ReplicaCap (a prefix held by ≥ cap workers stays on them unless hot and overloaded)
                 → StickyHold (within the window a prefix stays on its worker unless overloaded)
-    cost(w)     = (ttft(w) + miss_weight × (1 + min(queued(w), miss_queue_cap)) × own_prefill(w))
-                  × (1 − cold_start(w))
+    cost(w)     = (ttft(w) + miss_weight × own_prefill(w)) × (1 − cold_start(w))
                   ttft = TtftModel.ttft_s(w, prompt − effective_hit(w)); own_prefill = its uncached part
     winner      = argmin cost, seeded tie-break
 
 effective_hit(w) is the worker's cached prompt prefix, ignored below `min_cache_gain` of the prompt (30 %).
-`miss_weight` charges the uncached prefill again for each request queued on the worker (up to the cap)
-and the next arrival: it is work they wait for, which a greedy per-request TTFT does not see. With every
-worker queued a hit is capacity (hit rates stay high under overload); on an idle worker a recompute
-costs little more than its own TTFT. No affinity guard holds a request on a worker whose predicted TTFT
-exceeds the cost of serving it elsewhere (`scorers.holding_costs_more`), and the prediction counts the
-prefill queued on the worker and how late its queue already runs (`overdue_s`, policy/ledger.py).
+`miss_weight` charges the uncached prefill a second time: it is work the worker's later requests wait
+for, which a greedy per-request TTFT does not see (keeps hit rates high under load).
+No affinity guard (stickiness window, replica cap) holds a request on a worker whose predicted TTFT
+exceeds the cost of serving it elsewhere, recompute included (`scorers.holding_costs_more`); the guards'
+prediction counts the prefill queued on the worker and how late its queue already runs (`overdue_s`,
+policy/ledger.py), so a holder that stalls for reasons the model cannot see is let go.
 The TTFT model (policy/scorers.py) charges the uncached prefill already queued on the worker plus this
 request's own uncached prefill, slowed by running decodes: it weighs cache against load in one unit
 (seconds), the way Dynamo's cost weighs prefill blocks against decode blocks, instead of mixing unitless
@@ -25,6 +24,7 @@ docs/ROUTING.md.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -57,15 +57,20 @@ class KvgatePolicy:
 
     @cached_property
     def cost(self) -> ServeCost:
-        t = self.config.ttft
-        return ServeCost(self.ttft, miss_weight=t.miss_weight, queue_cap=t.miss_queue_cap)
+        return ServeCost(self.ttft, miss_weight=self.config.ttft.miss_weight)
+
+    @cached_property
+    def guard_ttft(self) -> PredictedTtft:
+        """The affinity guards' prediction: the model's, raised to the lateness the queue already shows."""
+        return dataclasses.replace(self.ttft, late=True)
 
     def filters(self) -> Sequence[Filter]:
         return self._filters
 
     @cached_property
     def _filters(self) -> tuple[Filter, ...]:
-        c, ttft, cost = self.config, self.ttft, self.cost
+        c, ttft = self.config, self.guard_ttft
+        cost = ServeCost(ttft, miss_weight=c.ttft.miss_weight)
         return (
             Eligible(),
             HardOverload(),

@@ -100,13 +100,12 @@ class InflightLedger:
         return 0.0
 
     def annotate(self, views: Sequence[WorkerView], now_s: float) -> list[WorkerView]:
-        """The views with this ledger's R signals (in flight, pending prefill and requests, lateness)."""
+        """The views with this ledger's R signals (in flight, pending prefill, lateness)."""
         return [
             dataclasses.replace(
                 w,
                 inflight=self.inflight(w.id),
                 pending_prefill_tokens=self.pending_prefill_tokens(w.id),
-                pending_requests=self.pending_requests(w.id),
                 overdue_s=self.overdue_s(w.id, now_s),
             )
             for w in views

@@ -39,7 +39,8 @@ class TtftModel:
     """Predicted time to first token of a request on worker `w`, in seconds:
 
         own  = u / prefill_tokens_per_s + attention_s_per_token_ctx × u × (hit + u / 2)
-        wait = overhead_s + max(w.pending_prefill_tokens / prefill_tokens_per_s × slow, w.overdue_s)
+        wait = overhead_s + w.pending_prefill_tokens / prefill_tokens_per_s × slow
+               late=True: overhead_s + max(that queued prefill, w.overdue_s)
         ttft = wait + own × slow,      slow = 1 + decode_slowdown × w.inflight
 
     u = prompt − hit is the request's uncached prefill, `pending_prefill_tokens` the uncached prefill
@@ -48,7 +49,10 @@ class TtftModel:
     `overdue_s` (R, policy/ledger.py) is how late the worker's most overdue queued request already is
     against its own prediction: a new request queues behind it, so the queue is at least that long,
     whatever the model says (a KV cache full of long contexts stalls admission without any prefill
-    queued; an evicted cache makes queued prefills longer than expected).
+    queued; an evicted cache makes queued prefills longer than expected). The affinity guards count
+    it (`late=True`: it is what tells them a holder stalls); the cost model does not, because under
+    overload every worker runs late by turns and chasing the momentarily punctual one trades hits for
+    nothing (measured: docs/BENCHMARKS.md, robust policy section).
     Ranges: prefill_tokens_per_s > 0 (≈ 15k–50k for an 8B model on one GPU), attention ≥ 0 (≈ 1e-9 for
     8B on H100), decode_slowdown 0–1 (≈ 0.002–0.02), overhead_s ≥ 0 (≈ one engine step).
     """
@@ -62,17 +66,20 @@ class TtftModel:
         u = max(0, uncached_tokens)
         return u / self.prefill_tokens_per_s + self.attention_s_per_token_ctx * u * (hit_tokens + u / 2)
 
-    def ttft_s(self, w: WorkerView, uncached_tokens: int, hit_tokens: int = 0) -> float:
-        return self.wait_s(w) + self.own_prefill_s(uncached_tokens, hit_tokens) * self.slowdown(w)
+    def ttft_s(
+        self, w: WorkerView, uncached_tokens: int, hit_tokens: int = 0, *, late: bool = False
+    ) -> float:
+        own = self.own_prefill_s(uncached_tokens, hit_tokens) * self.slowdown(w)
+        return self.wait_s(w, late=late) + own
 
     def slowdown(self, w: WorkerView) -> float:
         return 1.0 + self.decode_slowdown * max(0, w.inflight)
 
-    def wait_s(self, w: WorkerView) -> float:
-        """Predicted wait before this request's own prefill: the queued prefill, or, when the worker is
-        already running later than predicted, at least that lateness on top of the overhead."""
+    def wait_s(self, w: WorkerView, *, late: bool = False) -> float:
+        """Predicted wait before this request's own prefill: the queued prefill; with `late`, at least
+        the lateness the worker's queue already shows (`overdue_s`)."""
         queued = max(0, w.pending_prefill_tokens) / self.prefill_tokens_per_s * self.slowdown(w)
-        return self.overhead_s + max(queued, max(0.0, w.overdue_s))
+        return self.overhead_s + (max(queued, max(0.0, w.overdue_s)) if late else queued)
 
 
 @dataclass(frozen=True)
@@ -82,13 +89,14 @@ class PredictedTtft:
     model: TtftModel
     min_gain: float = 0.3
     scale_s: float = 1.0
+    late: bool = False  # count the queue's measured lateness (TtftModel.wait_s)
     name: str = "predicted-ttft"
 
     def ttfts(self, req: RequestView, workers: Sequence[WorkerView]) -> dict[str, float]:
         out: dict[str, float] = {}
         for w in workers:
             hit = effective_hit_tokens(req, w.id, self.min_gain)
-            out[w.id] = self.model.ttft_s(w, req.prompt_tokens - hit, hit)
+            out[w.id] = self.model.ttft_s(w, req.prompt_tokens - hit, hit, late=self.late)
         return out
 
     def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
@@ -99,28 +107,21 @@ class PredictedTtft:
 class ServeCost:
     """What serving the request on `w` costs, in seconds (kvgate's cost model, policy/kvgate.py):
 
-        cost(w) = ttft(w) + miss_weight × (1 + min(w.pending_requests, queue_cap)) × own_prefill(w)
+        cost(w) = ttft(w) + miss_weight × own_prefill(w)
 
-    The second term is the uncached prefill once more, as the work the worker's other requests wait
-    for: the requests already queued there (counted up to `queue_cap` ≥ 0) and the next arrival. On an
-    idle worker a recompute delays almost nobody; when every worker has a queue, a miss takes capacity
-    that all of them wait for and a hit is worth that much more (so full workers do not give up hits
-    for a balance that buys nothing). `miss_weight` ≥ 0.
+    The second term is the uncached prefill once more, as work the worker's later requests wait for
+    (a greedy per-request TTFT does not see it). `miss_weight` ≥ 0.
     """
 
     ttft: PredictedTtft
     miss_weight: float = 1.0
-    queue_cap: int = 4
-
-    def miss_factor(self, w: WorkerView) -> float:
-        return self.miss_weight * (1 + min(max(0, w.pending_requests), self.queue_cap))
 
     def parts(self, req: RequestView, w: WorkerView, hit: int) -> tuple[float, float, float]:
         """(predicted TTFT, own uncached prefill, cost) of the request on `w` with `hit` cached tokens."""
         model = self.ttft.model
-        ttft = model.ttft_s(w, req.prompt_tokens - hit, hit)
+        ttft = model.ttft_s(w, req.prompt_tokens - hit, hit, late=self.ttft.late)
         miss = model.own_prefill_s(req.prompt_tokens - hit, hit)
-        return ttft, miss, ttft + self.miss_factor(w) * miss
+        return ttft, miss, ttft + self.miss_weight * miss
 
     def cost_s(self, req: RequestView, w: WorkerView) -> float:
         return self.parts(req, w, effective_hit_tokens(req, w.id, self.ttft.min_gain))[2]

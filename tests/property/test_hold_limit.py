@@ -4,6 +4,8 @@ lateness counted in that prediction."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,7 +30,6 @@ workers_st = st.lists(
         id=st.sampled_from(IDS),
         inflight=st.integers(0, 64),
         pending_prefill_tokens=st.integers(0, 2_000_000),
-        pending_requests=st.integers(0, 32),
         overdue_s=st.floats(0.0, 120.0),
     ),
     min_size=2,
@@ -53,8 +54,10 @@ def request_st(draw: st.DrawFn) -> RequestView:
 
 
 def _queued_beyond_elsewhere(req: RequestView, holder: WorkerView, others: list[WorkerView]) -> bool:
-    ttft = POLICY.ttft.ttfts(req, [holder])[holder.id]
-    return bool(others) and ttft > min(POLICY.cost.cost_s(req, w) for w in others)
+    guard = POLICY.guard_ttft
+    cost = dataclasses.replace(POLICY.cost, ttft=guard)
+    ttft = guard.ttfts(req, [holder])[holder.id]
+    return bool(others) and ttft > min(cost.cost_s(req, w) for w in others)
 
 
 @settings(max_examples=400, deadline=None)
@@ -90,5 +93,6 @@ def test_lateness_only_ever_raises_the_prediction(
     model = POLICY.ttft.model
     for w in workers:
         slower = WorkerView(**{**{f: getattr(w, f) for f in w.__slots__}, "overdue_s": w.overdue_s + late})
-        assert model.ttft_s(slower, 1000, 0) >= model.ttft_s(w, 1000, 0)
-        assert model.ttft_s(slower, 1000, 0) >= model.overhead_s + slower.overdue_s
+        assert model.ttft_s(slower, 1000, 0, late=True) >= model.ttft_s(w, 1000, 0, late=True)
+        assert model.ttft_s(slower, 1000, 0, late=True) >= model.overhead_s + slower.overdue_s
+        assert model.ttft_s(slower, 1000, 0) == model.ttft_s(w, 1000, 0)  # the cost model's: model only

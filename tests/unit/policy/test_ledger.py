@@ -40,7 +40,7 @@ def test_annotate_fills_the_router_side_fields_only() -> None:
     ledger.dispatch("a", "w1", 800, 1.0, now_s=0.0)
     views = ledger.annotate([WorkerView("w0", waiting=3, kv_usage=0.5), WorkerView("w1", running=2)], 4.0)
     assert views[0] == WorkerView("w0", waiting=3, kv_usage=0.5)
-    assert (views[1].inflight, views[1].pending_prefill_tokens, views[1].pending_requests) == (1, 800, 1)
+    assert (views[1].inflight, views[1].pending_prefill_tokens) == (1, 800)
     assert views[1].overdue_s == 3.0 and views[1].running == 2
 
 
