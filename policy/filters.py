@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from policy.scorers import PredictedTtft, effective_hit_tokens, sticky_live
+from policy.scorers import PredictedTtft, ServeCost, effective_hit_tokens, holding_costs_more, sticky_live
 from policy.types import RequestView, WorkerView
 
 
@@ -75,9 +75,10 @@ class ImbalanceGuard:
 class StickyHold:
     """Within `window_s` after the request's leading prefix landed on its sticky worker, keep only that
     worker — unless it is not a candidate (gone, draining, unhealthy), or it is overloaded: with a `ttft`
-    model, predicted TTFT above `overload_ttft_s` AND above `overload_ratio` × the best candidate's;
-    without one, `inflight >= overload_inflight`. Hot prefixes (rate ≥ `skip_rate_per_s`) are left to
-    the replica cap instead (`inf` = never skip)."""
+    model, predicted TTFT above `overload_ttft_s` AND above `overload_ratio` × the best candidate's, or
+    (with a `cost` model) above the cost of serving the request on any other candidate
+    (`holding_costs_more`); without one, `inflight >= overload_inflight`. Hot prefixes (rate ≥
+    `skip_rate_per_s`) are left to the replica cap instead (`inf` = never skip)."""
 
     ttft: PredictedTtft | None = None
     window_s: float = 30.0
@@ -85,6 +86,7 @@ class StickyHold:
     overload_ratio: float = 2.0
     overload_inflight: int = 32
     skip_rate_per_s: float = float("inf")
+    cost: ServeCost | None = None
     name: str = "sticky-hold"
 
     def filter(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> list[WorkerView]:
@@ -99,6 +101,9 @@ class StickyHold:
         mine, best = ttfts[sticky[0].id], min(ttfts.values())
         if mine > self.overload_ttft_s and mine > self.overload_ratio * best:
             return list(workers)
+        others = [w for w in workers if w.id != sticky[0].id]
+        if self.cost is not None and holding_costs_more(self.cost, req, sticky, others):
+            return list(workers)
         return sticky
 
 
@@ -108,19 +113,26 @@ class ReplicaCap:
     them hold it, keep only the holders — unless the prefix is hot (rate ≥ hot_rate_per_s) and its
     holders are overloaded: the best holder's predicted TTFT ≥ overload_ttft_s, or the least-loaded
     holder has more than `overload_load_ratio` (≥ 1) × the least-loaded non-holder's in-flight
-    requests + 1. Then a new replica may form."""
+    requests + 1. Then a new replica may form. With a `cost` model, any prefix (hot or not) may also
+    leave its holders when the best holder's predicted TTFT exceeds the cost of serving it on a
+    non-holder (`holding_costs_more`)."""
 
     ttft: PredictedTtft
     cap: int  # the defaults of these four are ReplicaConfig's (policy/config.py), defined once there
     hot_rate_per_s: float
     overload_ttft_s: float
     overload_load_ratio: float
+    cost: ServeCost | None = None
     name: str = "replica-cap"
 
     def filter(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> list[WorkerView]:
         holders = [w for w in workers if effective_hit_tokens(req, w.id, self.ttft.min_gain) > 0]
         if len(holders) < self.cap:
             return list(workers)
+        if self.cost is not None:
+            non_holders = [w for w in workers if effective_hit_tokens(req, w.id, self.ttft.min_gain) <= 0]
+            if holding_costs_more(self.cost, req, holders, non_holders):
+                return list(workers)
         if req.prefix_rate >= self.hot_rate_per_s:
             best = min(self.ttft.ttfts(req, holders).values())
             others = [w.inflight for w in workers if effective_hit_tokens(req, w.id, self.ttft.min_gain) <= 0]

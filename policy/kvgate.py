@@ -10,6 +10,10 @@
 effective_hit(w) is the worker's cached prompt prefix, ignored below `min_cache_gain` of the prompt (30 %).
 `miss_weight` charges the uncached prefill a second time: it is work the worker's later requests wait
 for, which a greedy per-request TTFT does not see (keeps hit rates high under load).
+No affinity guard (stickiness window, replica cap) holds a request on a worker whose predicted TTFT
+exceeds the cost of serving it elsewhere, recompute included (`scorers.holding_costs_more`); the guards'
+prediction counts the prefill queued on the worker and how late its queue already runs (`overdue_s`,
+policy/ledger.py), so a holder that stalls for reasons the model cannot see is let go.
 The TTFT model (policy/scorers.py) charges the uncached prefill already queued on the worker plus this
 request's own uncached prefill, slowed by running decodes: it weighs cache against load in one unit
 (seconds), the way Dynamo's cost weighs prefill blocks against decode blocks, instead of mixing unitless
@@ -20,6 +24,7 @@ docs/ROUTING.md.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,7 +35,7 @@ from policy.config import RoutingConfig
 from policy.filters import Eligible, Filter, HardOverload, ReplicaCap, StickyHold
 from policy.pickers import MinCost
 from policy.profile import RoutingPolicy, run_filters
-from policy.scorers import ColdStart, PredictedTtft, TtftModel, effective_hit_tokens
+from policy.scorers import ColdStart, PredictedTtft, ServeCost, TtftModel, effective_hit_tokens
 from policy.types import Decision, RequestView, WorkerView
 
 
@@ -50,12 +55,22 @@ class KvgatePolicy:
         )
         return PredictedTtft(model=model, min_gain=self.config.min_cache_gain)
 
+    @cached_property
+    def cost(self) -> ServeCost:
+        return ServeCost(self.ttft, miss_weight=self.config.ttft.miss_weight)
+
+    @cached_property
+    def guard_ttft(self) -> PredictedTtft:
+        """The affinity guards' prediction: the model's, raised to the lateness the queue already shows."""
+        return dataclasses.replace(self.ttft, late=True)
+
     def filters(self) -> Sequence[Filter]:
         return self._filters
 
     @cached_property
     def _filters(self) -> tuple[Filter, ...]:
-        c, ttft = self.config, self.ttft
+        c, ttft = self.config, self.guard_ttft
+        cost = ServeCost(ttft, miss_weight=c.ttft.miss_weight)
         return (
             Eligible(),
             HardOverload(),
@@ -65,6 +80,7 @@ class KvgatePolicy:
                 hot_rate_per_s=c.replicas.hot_rate_per_s,
                 overload_ttft_s=c.replicas.overload_ttft_s,
                 overload_load_ratio=c.replicas.overload_load_ratio,
+                cost=cost,
             ),
             StickyHold(
                 ttft=ttft,
@@ -72,6 +88,7 @@ class KvgatePolicy:
                 overload_ttft_s=c.sticky.overload_ttft_s,
                 overload_ratio=c.sticky.overload_ratio,
                 skip_rate_per_s=c.replicas.hot_rate_per_s,
+                cost=cost,
             ),
         )
 
@@ -82,29 +99,25 @@ class KvgatePolicy:
         candidates, narrowed, emptied = run_filters(self.filters(), req, workers, now_s)
         if emptied is not None:
             return Decision.reject(f"no worker left after {emptied}")
-        ttft = self.ttft
-        ttfts = ttft.ttfts(req, candidates)
         cold = self._cold_start.score(req, candidates, now_s)
         prompt = max(req.prompt_tokens, 1)
         hits = {w.id: effective_hit_tokens(req, w.id, c.min_cache_gain) for w in candidates}
         replicate = self._replicate_hot(req, hits)
         if replicate:  # a hot prefix that may grow a replica: the next replica is an investment, not a miss
-            best_hit = max(hits.values())
-            hits = dict.fromkeys(hits, best_hit)
-            ttfts = {w.id: ttft.model.ttft_s(w, req.prompt_tokens - best_hit, best_hit) for w in candidates}
+            hits = dict.fromkeys(hits, max(hits.values()))
         scores: dict[str, dict[str, float]] = {}
         costs: dict[str, float] = {}
         hot = req.prefix_rate >= c.replicas.hot_rate_per_s
         bonus = c.sticky.bonus if (c.sticky.hot_bonus or not hot) else 0.0
         for w in candidates:
             hit = hits[w.id]
-            miss_s = ttft.model.own_prefill_s(req.prompt_tokens - hit, hit)
-            costs[w.id] = (ttfts[w.id] + c.ttft.miss_weight * miss_s) * (1.0 - cold[w.id])
+            ttft_s, miss_s, cost_s = self.cost.parts(req, w, hit)
+            costs[w.id] = cost_s * (1.0 - cold[w.id])
             if w.id == req.sticky_worker:
                 costs[w.id] *= 1.0 - bonus
             scores[w.id] = {
                 "prefix-match": hit / prompt,
-                "predicted-ttft": ttfts[w.id],
+                "predicted-ttft": ttft_s,
                 "miss-work": miss_s,
                 "cold-start": cold[w.id],
                 "cost": costs[w.id],

@@ -39,12 +39,20 @@ class TtftModel:
     """Predicted time to first token of a request on worker `w`, in seconds:
 
         own  = u / prefill_tokens_per_s + attention_s_per_token_ctx × u × (hit + u / 2)
-        ttft = overhead_s + (w.pending_prefill_tokens / prefill_tokens_per_s + own)
-                            × (1 + decode_slowdown × w.inflight)
+        wait = overhead_s + w.pending_prefill_tokens / prefill_tokens_per_s × slow
+               late=True: overhead_s + max(that queued prefill, w.overdue_s)
+        ttft = wait + own × slow,      slow = 1 + decode_slowdown × w.inflight
 
     u = prompt − hit is the request's uncached prefill, `pending_prefill_tokens` the uncached prefill
-    already queued on the worker (router-side, R); attention makes long prompts super-linear; the last
-    factor is the share of each engine step taken by running decodes (chunked prefill shares steps).
+    already queued on the worker (router-side, R); attention makes long prompts super-linear; `slow` is
+    the share of each engine step taken by running decodes (chunked prefill shares steps).
+    `overdue_s` (R, policy/ledger.py) is how late the worker's most overdue queued request already is
+    against its own prediction: a new request queues behind it, so the queue is at least that long,
+    whatever the model says (a KV cache full of long contexts stalls admission without any prefill
+    queued; an evicted cache makes queued prefills longer than expected). The affinity guards count
+    it (`late=True`: it is what tells them a holder stalls); the cost model does not, because under
+    overload every worker runs late by turns and chasing the momentarily punctual one trades hits for
+    nothing (measured: docs/BENCHMARKS.md, robust policy section).
     Ranges: prefill_tokens_per_s > 0 (≈ 15k–50k for an 8B model on one GPU), attention ≥ 0 (≈ 1e-9 for
     8B on H100), decode_slowdown 0–1 (≈ 0.002–0.02), overhead_s ≥ 0 (≈ one engine step).
     """
@@ -58,10 +66,20 @@ class TtftModel:
         u = max(0, uncached_tokens)
         return u / self.prefill_tokens_per_s + self.attention_s_per_token_ctx * u * (hit_tokens + u / 2)
 
-    def ttft_s(self, w: WorkerView, uncached_tokens: int, hit_tokens: int = 0) -> float:
-        queued = max(0, w.pending_prefill_tokens) / self.prefill_tokens_per_s
-        slowdown = 1.0 + self.decode_slowdown * max(0, w.inflight)
-        return self.overhead_s + (queued + self.own_prefill_s(uncached_tokens, hit_tokens)) * slowdown
+    def ttft_s(
+        self, w: WorkerView, uncached_tokens: int, hit_tokens: int = 0, *, late: bool = False
+    ) -> float:
+        own = self.own_prefill_s(uncached_tokens, hit_tokens) * self.slowdown(w)
+        return self.wait_s(w, late=late) + own
+
+    def slowdown(self, w: WorkerView) -> float:
+        return 1.0 + self.decode_slowdown * max(0, w.inflight)
+
+    def wait_s(self, w: WorkerView, *, late: bool = False) -> float:
+        """Predicted wait before this request's own prefill: the queued prefill; with `late`, at least
+        the lateness the worker's queue already shows (`overdue_s`)."""
+        queued = max(0, w.pending_prefill_tokens) / self.prefill_tokens_per_s * self.slowdown(w)
+        return self.overhead_s + (max(queued, max(0.0, w.overdue_s)) if late else queued)
 
 
 @dataclass(frozen=True)
@@ -71,17 +89,55 @@ class PredictedTtft:
     model: TtftModel
     min_gain: float = 0.3
     scale_s: float = 1.0
+    late: bool = False  # count the queue's measured lateness (TtftModel.wait_s)
     name: str = "predicted-ttft"
 
     def ttfts(self, req: RequestView, workers: Sequence[WorkerView]) -> dict[str, float]:
         out: dict[str, float] = {}
         for w in workers:
             hit = effective_hit_tokens(req, w.id, self.min_gain)
-            out[w.id] = self.model.ttft_s(w, req.prompt_tokens - hit, hit)
+            out[w.id] = self.model.ttft_s(w, req.prompt_tokens - hit, hit, late=self.late)
         return out
 
     def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
         return {wid: self.scale_s / (self.scale_s + t) for wid, t in self.ttfts(req, workers).items()}
+
+
+@dataclass(frozen=True)
+class ServeCost:
+    """What serving the request on `w` costs, in seconds (kvgate's cost model, policy/kvgate.py):
+
+        cost(w) = ttft(w) + miss_weight × own_prefill(w)
+
+    The second term is the uncached prefill once more, as work the worker's later requests wait for
+    (a greedy per-request TTFT does not see it). `miss_weight` ≥ 0.
+    """
+
+    ttft: PredictedTtft
+    miss_weight: float = 1.0
+
+    def parts(self, req: RequestView, w: WorkerView, hit: int) -> tuple[float, float, float]:
+        """(predicted TTFT, own uncached prefill, cost) of the request on `w` with `hit` cached tokens."""
+        model = self.ttft.model
+        ttft = model.ttft_s(w, req.prompt_tokens - hit, hit, late=self.ttft.late)
+        miss = model.own_prefill_s(req.prompt_tokens - hit, hit)
+        return ttft, miss, ttft + self.miss_weight * miss
+
+    def cost_s(self, req: RequestView, w: WorkerView) -> float:
+        return self.parts(req, w, effective_hit_tokens(req, w.id, self.ttft.min_gain))[2]
+
+
+def holding_costs_more(
+    cost: ServeCost, req: RequestView, holders: Sequence[WorkerView], others: Sequence[WorkerView]
+) -> bool:
+    """The affinity rules' limit: True when even the best of `holders` (the workers a rule would keep
+    the request on) has a predicted TTFT above the cost of serving the request on the cheapest of
+    `others`, recompute included. No stickiness window, replica cap or cache gain may hold a request
+    past this point."""
+    if not holders or not others:
+        return False
+    wait = min(cost.ttft.ttfts(req, holders).values())
+    return wait > min(cost.cost_s(req, w) for w in others)
 
 
 @dataclass(frozen=True)

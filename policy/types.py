@@ -56,6 +56,7 @@ class WorkerView:
     pending_prefill_tokens: int = (
         0  # router-side: prompt tokens dispatched whose first token has not come back
     )
+    overdue_s: float = 0.0  # router-side: how late the most overdue of those is against its prediction
     capacity_tokens: int = 0  # KV cache capacity in tokens (num_gpu_blocks * block_size); 0 = unknown
     max_concurrency: int = 0  # requests the worker takes at once before queueing locally; 0 = unknown
     joined_s: float = 0.0  # when the worker joined the pool (cold-start exploration)

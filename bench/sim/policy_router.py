@@ -5,9 +5,11 @@ does. Trace block ids already name whole prefixes (Mooncake semantics), so they 
 as they are; `block_tokens` come from the request. The prefix index is approximate (entries inserted at
 routing time, blind to engine evictions), aged by a per-worker LRU of capacity_tokens(w) / block size.
 
-Load signals, as a gateway that sees every request knows them (R): in-flight counts and the *uncached*
-prefill tokens dispatched to each worker whose first token has not come back (prompt − the hit this
-router expected); engine running/waiting/KV usage come scraped (M) from `cluster.worker_views`.
+Load signals, as a gateway that sees every request knows them (R, `policy.ledger.InflightLedger`):
+in-flight counts, the *uncached* prefill tokens dispatched to each worker whose first token has not come
+back (prompt − the hit this router expected), how many requests wait for their first token and how late
+the most overdue of them runs against its predicted TTFT; engine running/waiting/KV usage come scraped
+(M) from `cluster.worker_views`.
 
 Index models (`index`, `kvgate bench sim --index exact,approx,oracle`, docs/SIMULATOR.md):
   approx  the above: routing history, a capacity LRU per worker, blind to evictions, restarts and
@@ -28,9 +30,9 @@ from bench.sim.types import ClusterView, Router, SimRequest
 from policy.config import RoutingConfig
 from policy.index import PrefixIndex
 from policy.kvgate import build_policy
+from policy.ledger import InflightLedger
 from policy.profile import RoutingPolicy
 from policy.state import RoutingState
-from policy.types import WorkerView
 
 _DEFAULT_INDEX_BLOCKS = 1 << 20  # until the first request tells the block size
 _EVENT_INDEX_BLOCKS = 1 << 30  # exact / oracle: the events evict, not a capacity LRU
@@ -64,9 +66,7 @@ class PolicyRouter:
         self._held: dict[str, set[object]] = {}  # worker -> keys its events say it holds
         self._speculative: deque[tuple[float, str, tuple[int, ...]]] = deque()  # (at, worker, keys)
         self._rng = random.Random(seed)
-        self._inflight: dict[str, int] = {}
-        self._pending_prefill: dict[str, int] = {}
-        self._expected_prefill: dict[int, int] = {}  # request id -> uncached tokens charged at routing
+        self.ledger = InflightLedger()
         self._block_size = 0
         self.decisions = 0
         self.reasons: dict[str, int] = {}  # first words of Decision.reason -> count (for tuning reports)
@@ -105,22 +105,13 @@ class PolicyRouter:
         if self.wants_kv_events:
             self._follow_events(cluster, now_s)
         joined = self.state.joined
-        views = [
-            WorkerView(
-                id=v.id,
-                inflight=self._inflight.get(v.id, 0),
-                running=v.running,
-                waiting=v.waiting,
-                kv_usage=v.kv_usage,
-                pending_prefill_tokens=self._pending_prefill.get(v.id, 0),
-                capacity_tokens=v.capacity_tokens,
-                max_concurrency=v.max_concurrency,
-                joined_s=v.joined_s if v.joined_s > 0 else joined.setdefault(v.id, now_s),
-                healthy=v.healthy,
-                draining=v.draining,
-            )
-            for v in cluster.worker_views(now_s)
-        ]
+        views = self.ledger.annotate(
+            [
+                v if v.joined_s > 0 else dataclasses.replace(v, joined_s=joined.setdefault(v.id, now_s))
+                for v in cluster.worker_views(now_s)
+            ],
+            now_s,
+        )
         view = self.state.prepare(
             request_id=str(req.id),
             prefix_hashes=req.block_ids,
@@ -143,18 +134,15 @@ class PolicyRouter:
         if self.index_model == "exact":  # the commit inserted them speculatively
             self._speculative.append((now_s, worker, req.block_ids))
         uncached = max(0, req.input_tokens - view.hit_tokens(worker))
-        self._expected_prefill[req.id] = uncached
-        self._inflight[worker] = self._inflight.get(worker, 0) + 1
-        self._pending_prefill[worker] = self._pending_prefill.get(worker, 0) + uncached
+        predicted = decision.scores.get(worker, {}).get("predicted-ttft", 0.0)
+        self.ledger.dispatch(str(req.id), worker, uncached, predicted, now_s)
         return worker
 
     def on_first_token(self, req: SimRequest, worker_id: str, now_s: float) -> None:
-        uncached = self._expected_prefill.pop(req.id, 0)
-        self._pending_prefill[worker_id] = self._pending_prefill.get(worker_id, 0) - uncached
+        self.ledger.first_token(str(req.id), now_s)
 
     def on_finish(self, req: SimRequest, worker_id: str, now_s: float) -> None:
-        self.on_first_token(req, worker_id, now_s)  # no-op unless the first token was never reported
-        self._inflight[worker_id] = self._inflight.get(worker_id, 0) - 1
+        self.ledger.finish(str(req.id), now_s)
 
 
 def make_kvgate_router(seed: int, config: RoutingConfig | None = None, index: str = "approx") -> Router:

@@ -76,9 +76,16 @@ def w(wid: str, queued: int = 0, **kw: object) -> WorkerView:
         pytest.param(
             req({}, sticky_worker="a", sticky_since_s=0.0),
             [w("a", 900), w("b", 0)],
-            "a",
-            "sticky",
-            id="sticky holds although b is cheaper (2.9 s < 2 × 2 s)",
+            "b",
+            "miss",
+            id="sticky released: its 2.9 s exceed the 2 s of serving it on b (although < 2 × 2 s)",
+        ),
+        pytest.param(
+            req({}, sticky_worker="a", sticky_since_s=0.0),
+            [w("a", 900, overdue_s=1.5), w("b", 900)],
+            "b",
+            "miss",
+            id="sticky released: its queue already runs 1.5 s late (3.5 s > 2.9 s on b)",
         ),
         pytest.param(
             req({}, sticky_worker="a", sticky_since_s=0.0),
@@ -114,18 +121,22 @@ def test_below_min_gain_is_a_tie_broken_by_seed() -> None:
 def test_replica_cap_keeps_a_prefix_on_its_holders() -> None:
     policy = KvgatePolicy(
         RoutingConfig(
-            ttft=CONFIG.ttft,
-            cold_start=CONFIG.cold_start,
+            ttft=dataclasses.replace(CONFIG.ttft, miss_weight=1.0),
+            cold_start=ColdStartConfig(period_s=60.0, discount=0.5),
             replicas=ReplicaConfig(cap=2, hot_rate_per_s=1.0),
             sticky=StickyConfig(window_s=0.0),
         )
     )
     held = req({"a": 4, "b": 4}, prefix_rate=0.2)
-    workers = [w("a", 2500), w("b", 2500), w("c", 0)]  # c would be cheaper (2 s < 2.5 s) but is a new replica
-    d = policy.decide(held, workers, random.Random(0), 0.0)
+    # a, b: 2.5 s; c, new: 2 s + 2 s of miss work = 4 s, halved by its cold-start discount to 2 s
+    workers = [w("a", 2500), w("b", 2500), w("c", 0, joined_s=100.0)]
+    d = policy.decide(held, workers, random.Random(0), 100.0)
     assert d.worker in {"a", "b"} and "replicas" in d.reason
     hot = req({"a": 4, "b": 4}, prefix_rate=5.0)  # hot and the holders' best TTFT 2.5 s ≥ 1 s: may replicate
-    assert policy.decide(hot, workers, random.Random(0), 0.0).worker == "c"
+    assert policy.decide(hot, workers, random.Random(0), 100.0).worker == "c"
+    # not hot, but the holders' 4.5 s exceed the 4 s of serving it on c: the cap does not hold
+    slow = [w("a", 4500), w("b", 4500), w("c", 0, joined_s=100.0)]
+    assert policy.decide(held, slow, random.Random(0), 100.0).worker == "c"
 
 
 def test_cold_start_discount_attracts_a_new_worker() -> None:
@@ -190,3 +201,17 @@ def test_build_policy_selects_by_name() -> None:
     assert isinstance(build_policy(RoutingConfig()), KvgatePolicy)
     article = build_policy(RoutingConfig(policy="article"))
     assert isinstance(article, Profile) and article.name == "article"
+
+
+WEIGHTED = KvgatePolicy(dataclasses.replace(CONFIG, ttft=dataclasses.replace(CONFIG.ttft, miss_weight=1.0)))
+
+
+def test_sticky_holds_while_its_wait_is_below_the_recompute_elsewhere() -> None:
+    # a: 0.9 s queued + 2 s own prefill = 2.9 s, cost 4.9; b: 2 s TTFT + 2 s miss work = 4 s
+    r = req({}, sticky_worker="a", sticky_since_s=0.0)
+    assert WEIGHTED.decide(r, [w("a", 900), w("b", 0)], random.Random(0), 0.0).worker == "a"
+    # a's queue runs 1.5 s late: the wait is at least that (0.9 -> 1.5 s), 3.5 s TTFT < 4 s: still held
+    assert WEIGHTED.decide(r, [w("a", 900, overdue_s=1.5), w("b", 0)], random.Random(0), 0.0).worker == "a"
+    # 2.5 s late: 4.5 s TTFT > 4 s elsewhere: released, and the cost model sends it to b
+    d = WEIGHTED.decide(r, [w("a", 900, overdue_s=2.5), w("b", 0)], random.Random(0), 0.0)
+    assert d.worker == "b" and d.scores["a"]["predicted-ttft"] == pytest.approx(2.9)  # the model alone

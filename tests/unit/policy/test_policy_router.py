@@ -41,7 +41,10 @@ def test_counters_return_to_zero_and_index_is_sized_from_capacity(requests: list
     assert isinstance(router, PolicyRouter)
     run(router, requests)
     assert router.decisions == len(requests)
-    assert set(router._inflight.values()) == {0} and set(router._pending_prefill.values()) == {0}
+    ledger = router.ledger
+    for w in ("w0", "w1", "w2", "w3"):
+        assert (ledger.inflight(w), ledger.pending_prefill_tokens(w), ledger.pending_requests(w)) == (0, 0, 0)
+        assert ledger.overdue_s(w, 1e9) == 0.0
     block = max(max(r.block_tokens) for r in requests)
     assert router.state.index.capacity("w0") == PROFILE.capacity_tokens // block
     assert all(router.state.index.size(w) <= router.state.index.capacity(w) for w in ("w0", "w1", "w2", "w3"))

@@ -1,0 +1,112 @@
+"""`InflightLedger`: a router's own account of the work it sent to each worker (R signals), pure data.
+
+    ledger.dispatch(request_id, worker, uncached_tokens, predicted_ttft_s, now_s)   after a decision
+    ledger.first_token(request_id, now_s)                                           its first token
+    ledger.finish(request_id, now_s)                                                it ended (any way)
+    views = ledger.annotate(views, now_s)                                           before the next one
+
+Per worker it knows the requests in flight, the uncached prefill tokens whose first token has not come
+back (`pending_prefill_tokens`), how many requests are still waiting for their first token
+(`pending_requests`) and how late the most overdue of them is against the TTFT predicted when it was
+routed (`overdue_s`). Lateness is the measured part of the wait: a worker whose queue stalls for a
+reason the TTFT model does not see (KV cache full of long contexts, preemptions, a slow or throttled
+GPU, an evicted cache) shows it in its pending requests at once, long before any of them returns, so
+no affinity rule can keep feeding it while the queue grows. The simulator adapter and the gateway
+keep one ledger per model; nothing here does I/O or reads a clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from policy.types import WorkerView
+
+
+@dataclass(slots=True)
+class _Pending:
+    worker: str
+    uncached_tokens: int
+    due_s: float  # dispatch time + predicted TTFT
+    first_token: bool = False
+
+
+class InflightLedger:
+    """In-flight requests, pending prefill and lateness per worker (see module docstring)."""
+
+    def __init__(self) -> None:
+        self._requests: dict[str, _Pending] = {}
+        self._inflight: dict[str, int] = {}
+        self._pending_prefill: dict[str, int] = {}
+        self._pending: dict[str, int] = {}
+        self._due: dict[str, list[tuple[float, str]]] = {}  # worker -> heap of (due, request id), lazy
+
+    def dispatch(
+        self, request_id: str, worker: str, uncached_tokens: int, predicted_ttft_s: float, now_s: float
+    ) -> None:
+        """`request_id` was sent to `worker`, `uncached_tokens` of prefill expected, first token
+        predicted `predicted_ttft_s` after `now_s`. A repeated id replaces the earlier entry."""
+        if request_id in self._requests:
+            self.finish(request_id, now_s)
+        uncached = max(0, uncached_tokens)
+        entry = _Pending(worker, uncached, now_s + max(0.0, predicted_ttft_s))
+        self._requests[request_id] = entry
+        self._inflight[worker] = self._inflight.get(worker, 0) + 1
+        self._pending_prefill[worker] = self._pending_prefill.get(worker, 0) + uncached
+        self._pending[worker] = self._pending.get(worker, 0) + 1
+        heapq.heappush(self._due.setdefault(worker, []), (entry.due_s, request_id))
+
+    def first_token(self, request_id: str, now_s: float) -> None:
+        """The request's first token came back: its prefill is no longer queued. Unknown ids: no-op."""
+        entry = self._requests.get(request_id)
+        if entry is None or entry.first_token:
+            return
+        entry.first_token = True
+        w = entry.worker
+        self._pending_prefill[w] -= entry.uncached_tokens
+        self._pending[w] -= 1
+
+    def finish(self, request_id: str, now_s: float) -> None:
+        """The request ended (finished, failed, aborted), with or without a first token."""
+        self.first_token(request_id, now_s)
+        entry = self._requests.pop(request_id, None)
+        if entry is not None:
+            self._inflight[entry.worker] -= 1
+
+    # -- what the views carry --------------------------------------------------------------------------
+    def inflight(self, worker: str) -> int:
+        return self._inflight.get(worker, 0)
+
+    def pending_prefill_tokens(self, worker: str) -> int:
+        return self._pending_prefill.get(worker, 0)
+
+    def pending_requests(self, worker: str) -> int:
+        return self._pending.get(worker, 0)
+
+    def overdue_s(self, worker: str, now_s: float) -> float:
+        """How far past its predicted first token the most overdue pending request on `worker` is (≥ 0)."""
+        heap = self._due.get(worker)
+        if not heap:
+            return 0.0
+        requests = self._requests
+        while heap:
+            due, rid = heap[0]
+            entry = requests.get(rid)
+            if entry is not None and not entry.first_token and entry.due_s == due and entry.worker == worker:
+                return max(0.0, now_s - due)
+            heapq.heappop(heap)  # returned, finished or re-dispatched since: drop lazily
+        return 0.0
+
+    def annotate(self, views: Sequence[WorkerView], now_s: float) -> list[WorkerView]:
+        """The views with this ledger's R signals (in flight, pending prefill, lateness)."""
+        return [
+            dataclasses.replace(
+                w,
+                inflight=self.inflight(w.id),
+                pending_prefill_tokens=self.pending_prefill_tokens(w.id),
+                overdue_s=self.overdue_s(w.id, now_s),
+            )
+            for w in views
+        ]

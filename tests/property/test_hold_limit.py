@@ -1,0 +1,98 @@
+"""The affinity guards' limit (issue 9): no stickiness window or replica cap keeps a request on a worker
+whose predicted wait exceeds the cost of serving it elsewhere, with the queued prefill and the queue's
+lateness counted in that prediction."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policy.config import ColdStartConfig, ReplicaConfig, RoutingConfig, StickyConfig
+from policy.filters import ReplicaCap, StickyHold
+from policy.kvgate import KvgatePolicy
+from policy.scorers import effective_hit_tokens
+from policy.types import RequestView, WorkerView
+
+IDS = [f"w{i}" for i in range(6)]
+POLICY = KvgatePolicy(
+    RoutingConfig(
+        cold_start=ColdStartConfig(period_s=0.0),
+        sticky=StickyConfig(window_s=3600.0, overload_ttft_s=3600.0, overload_ratio=100.0),
+        replicas=ReplicaConfig(cap=1, hot_rate_per_s=1e6),
+    )
+)
+
+workers_st = st.lists(
+    st.builds(
+        WorkerView,
+        id=st.sampled_from(IDS),
+        inflight=st.integers(0, 64),
+        pending_prefill_tokens=st.integers(0, 2_000_000),
+        overdue_s=st.floats(0.0, 120.0),
+    ),
+    min_size=2,
+    max_size=6,
+    unique_by=lambda w: w.id,
+)
+
+
+@st.composite
+def request_st(draw: st.DrawFn) -> RequestView:
+    n = draw(st.integers(1, 40))
+    hits = draw(st.dictionaries(st.sampled_from(IDS), st.integers(0, n)))
+    return RequestView(
+        id="r",
+        prefix_hashes=tuple(range(n)),
+        block_tokens=(2048,) * n,
+        prompt_tokens=2048 * n,
+        prefix_hits=hits,
+        sticky_worker=draw(st.sampled_from(IDS)),
+        sticky_since_s=0.0,
+    )
+
+
+def _queued_beyond_elsewhere(req: RequestView, holder: WorkerView, others: list[WorkerView]) -> bool:
+    guard = POLICY.guard_ttft
+    cost = dataclasses.replace(POLICY.cost, ttft=guard)
+    ttft = guard.ttfts(req, [holder])[holder.id]
+    return bool(others) and ttft > min(cost.cost_s(req, w) for w in others)
+
+
+@settings(max_examples=400, deadline=None)
+@given(req=request_st(), workers=workers_st)
+def test_sticky_hold_never_keeps_a_request_where_waiting_costs_more(
+    req: RequestView, workers: list[WorkerView]
+) -> None:
+    hold = next(f for f in POLICY.filters() if isinstance(f, StickyHold))
+    kept = hold.filter(req, workers, 0.0)
+    sticky = [w for w in workers if w.id == req.sticky_worker]
+    if sticky and _queued_beyond_elsewhere(req, sticky[0], [w for w in workers if w is not sticky[0]]):
+        assert len(kept) == len(workers), "the sticky worker's wait exceeds the recompute elsewhere"
+
+
+@settings(max_examples=400, deadline=None)
+@given(req=request_st(), workers=workers_st)
+def test_replica_cap_never_keeps_a_request_where_waiting_costs_more(
+    req: RequestView, workers: list[WorkerView]
+) -> None:
+    cap = next(f for f in POLICY.filters() if isinstance(f, ReplicaCap))
+    kept = cap.filter(req, workers, 0.0)
+    holders = [w for w in workers if effective_hit_tokens(req, w.id, POLICY.config.min_cache_gain) > 0]
+    others = [w for w in workers if w not in holders]
+    if holders and others and all(_queued_beyond_elsewhere(req, h, others) for h in holders):
+        assert len(kept) == len(workers), "every holder's wait exceeds the recompute on a non-holder"
+
+
+@settings(max_examples=200, deadline=None)
+@given(req=request_st(), workers=workers_st, late=st.floats(0.0, 600.0))
+def test_lateness_only_ever_raises_the_prediction(
+    req: RequestView, workers: list[WorkerView], late: float
+) -> None:
+    model = POLICY.ttft.model
+    for w in workers:
+        slower = WorkerView(**{**{f: getattr(w, f) for f in w.__slots__}, "overdue_s": w.overdue_s + late})
+        assert model.ttft_s(slower, 1000, 0, late=True) >= model.ttft_s(w, 1000, 0, late=True)
+        assert model.ttft_s(slower, 1000, 0, late=True) >= model.overhead_s + slower.overdue_s
+        assert model.ttft_s(slower, 1000, 0) == model.ttft_s(w, 1000, 0)  # the cost model's: model only
