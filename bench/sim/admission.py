@@ -172,9 +172,10 @@ class GieFlowGate(BaseGate):
 
 @dataclass(frozen=True, slots=True)
 class KvgateConfig:
-    """Knobs of the kvgate gate (defaults are what `--admission kvgate` runs). The last five are the
-    simulator's own rules (docs/ADMISSION.md, "Hooks"); with them off the gate grants exactly what
-    `AdmissionState` grants (tests/property/test_sim_gate_agrees.py)."""
+    """Knobs of the kvgate gate (defaults are what `--admission kvgate` runs). The last four switch the
+    simulator's own rules (docs/ADMISSION.md, "Hooks"): `qps_window_s = 0`, `slo_reject = False`,
+    `shed_low_after_s = None`, `prefill_budget_tokens = None` turn them off, and the gate then grants
+    exactly what `AdmissionState` grants (tests/property/test_sim_gate_agrees.py)."""
 
     # policy/admission.py's defaults, as an operator gets them: 4096-token seats, at most 16 per request,
     # default_quota's shares (high 0.5, normal 0.3, low 0.2; high and normal borrow, low does not).
