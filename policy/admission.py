@@ -31,6 +31,9 @@ Modelled on Kubernetes API Priority and Fairness, for LLM requests that cannot b
 
 `AdmissionState` applies these rules step by step, exactly as `store/lua/*.lua` do on Redis;
 `tests/property/test_admission_agrees.py` feeds both the same operations and compares every reply.
+`AdmissionHooks` are its extension points for rules the Lua scripts do not run (the simulator's
+prefill budget and SLO re-checks, docs/ADMISSION.md "Hooks"); the defaults change nothing, so with
+them `AdmissionState` is the scripts' twin.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class AdmitCode(IntEnum):
     QUEUE_FULL = -2
     WORKER_FULL = -3  # two-step admission: the chosen worker has no room; nothing taken or queued
     QUOTA_MISSING = -4  # the model's quota hash is gone (Redis restarted): refused, never unlimited
+    WAIT_REFUSED = -5  # AdmissionHooks.accepts_wait refused the predicted wait (never from the scripts)
 
 
 class ClaimCode(IntEnum):
@@ -285,6 +289,35 @@ def default_quota(
 # which also fill in what only the server knows (hold time, capacity, its clock).
 
 
+class AdmissionHooks:
+    """Extension points of `AdmissionState` for rules beyond the scripts'. These defaults change nothing
+    (the Lua scripts' behaviour); the simulator's kvgate gate overrides them (bench/sim/admission.py).
+    Every hook is pure: it may read what it was given, never do I/O."""
+
+    def band_open(self, band: Band, now_ms: int) -> bool:
+        """May the pump grant this band now? (False: its waiters wait, other bands go on.)"""
+        return True
+
+    def still_wanted(self, rid: str, now_ms: int) -> bool:
+        """Is a grant still worth it, for the waiter the pump is about to grant? False: it leaves the
+        queue instead (reported through `dropped`) and its seats go to the next offer."""
+        return True
+
+    def accepts_wait(self, rid: str, est_wait_s: float) -> bool:
+        """May a request that has to queue wait `est_wait_s` (`estimated_wait_s` of its position)?
+        False: refused like a full queue (AdmitCode.WAIT_REFUSED)."""
+        return True
+
+    def granted(self, rid: str, now_ms: int) -> None:
+        """Observation: the pump granted `rid` (at once or after a wait)."""
+
+    def dropped(self, rid: str, now_ms: int) -> None:
+        """Observation: a waiter left without a grant (its wait budget ran out, or `still_wanted`)."""
+
+
+NO_HOOKS = AdmissionHooks()
+
+
 @dataclass(frozen=True, slots=True)
 class AdmitResult:
     code: AdmitCode
@@ -354,6 +387,7 @@ class AdmissionState:
     private indexes below keep queue order, expiry heaps and seat counts in step with them)."""
 
     quota: Quota = field(default_factory=Quota)
+    hooks: AdmissionHooks = NO_HOOKS
     leases: dict[str, _Lease] = field(default_factory=dict)
     waiters: dict[str, _Waiter] = field(default_factory=dict)
     vtime: dict[Band, int] = field(default_factory=dict)
@@ -380,6 +414,9 @@ class AdmissionState:
     def queue(self, band: Band) -> list[str]:
         """Waiting request ids of one band in grant order (fair tag, then id: Redis ZSET order)."""
         return [rid for _, _, rid in self._order[band]]
+
+    def queue_length(self, band: Band) -> int:
+        return len(self._order[band])
 
     def ahead(self, rid: str) -> int:
         w = self.waiters[rid]
@@ -419,18 +456,28 @@ class AdmissionState:
         granted = tuple(g for g in pumped if g != rid)
         if rid in pumped:
             return AdmitResult(AdmitCode.ADMITTED, seats, 0, granted)
+        if rid not in self.waiters:  # AdmissionHooks.still_wanted turned it away in this very pump
+            return AdmitResult(AdmitCode.WAIT_REFUSED, seats, 0, granted)
         ahead = self.ahead(rid)
         full = len(self._order[band]) - 1 >= self.quota.queue_limit(band)
-        if max_wait_ms <= 0 or full:
+        refused = (
+            not full and max_wait_ms > 0 and not self.hooks.accepts_wait(rid, self.estimated_wait_s(ahead))
+        )
+        if max_wait_ms <= 0 or full or refused:
             self._leave(rid)
             if self._order[band]:
                 if prev_tag is None:
                     del self.tags[band][tenant]
                 else:
                     self.tags[band][tenant] = prev_tag
-            return AdmitResult(
-                AdmitCode.NO_SEAT if max_wait_ms <= 0 else AdmitCode.QUEUE_FULL, seats, ahead, granted
+            code = (
+                AdmitCode.NO_SEAT
+                if max_wait_ms <= 0
+                else AdmitCode.QUEUE_FULL
+                if full
+                else AdmitCode.WAIT_REFUSED
             )
+            return AdmitResult(code, seats, ahead, granted)
         self.waiters[rid].worker = ""  # placed after its grant, when the gateway routes it again
         return AdmitResult(AdmitCode.QUEUED, seats, ahead, granted)
 
@@ -477,6 +524,16 @@ class AdmissionState:
         self._reap(now_ms)
         return tuple(lost), self._pump(now_ms)
 
+    def pump(self, now_ms: int) -> tuple[str, ...]:
+        """Reap, then grant what fits: `check` without a request (check.lua with an unknown id)."""
+        self._reap(now_ms)
+        return self._pump(now_ms)
+
+    def estimated_wait_s(self, ahead: int) -> float:
+        """`estimated_wait_s` from this state's capacity and mean hold time (what the gateway shows)."""
+        total = -1 if self.quota.total is None else self.quota.total
+        return estimated_wait_s(ahead, total, (self.hold_ms or 0) / 1000)
+
     def check(self, now_ms: int, rid: str) -> CheckResult:
         self._reap(now_ms)
         granted = self._pump(now_ms)
@@ -518,6 +575,7 @@ class AdmissionState:
             deadline, rid = heapq.heappop(self._deadlines)
             if (w := self.waiters.get(rid)) is not None and w.deadline_ms == deadline:
                 self._leave(rid)
+                self.hooks.dropped(rid, now_ms)
 
     def _leave(self, rid: str) -> bool:
         w = self.waiters.pop(rid, None)
@@ -531,10 +589,12 @@ class AdmissionState:
 
     def _pump(self, now_ms: int) -> tuple[str, ...]:
         granted: list[str] = []
-        usage = self._live_usage
-        for _ in range(MAX_GRANTS):
+        usage, hooks = self._live_usage, self.hooks
+        while len(granted) < MAX_GRANTS:
             best: tuple[str, int, int] | None = None  # rid, effective priority, since
             for band in _BANDS_DESCENDING:
+                if not hooks.band_open(band, now_ms):
+                    continue
                 for _tag, _key, rid in self._order[band][:SCAN]:
                     w = self.waiters[rid]
                     u = usage()
@@ -546,6 +606,10 @@ class AdmissionState:
                         break
             if best is None or not total_ok(self.quota, usage(), self.waiters[best[0]].seats):
                 break
+            if not hooks.still_wanted(best[0], now_ms):  # a hook's refusal is no grant: not counted
+                self._leave(best[0])
+                hooks.dropped(best[0], now_ms)
+                continue
             self._grant(now_ms, best[0])
             granted.append(best[0])
         return tuple(granted)
@@ -559,6 +623,7 @@ class AdmissionState:
         heapq.heappush(self._lease_expiry, (lease.expiry_ms, rid))
         self.vtime[w.band] = w.tag
         self.since[w.band] = now_ms
+        self.hooks.granted(rid, now_ms)
 
 
 _BANDS_DESCENDING = sorted(Band, reverse=True)

@@ -9,8 +9,9 @@ the runner marks them rejected). Stable names:
   gie_shed       GIE/llm-d legacy admission: priority < 0 (Band.LOW) rejected while saturation >= 1.
   gie_flow       GIE/llm-d flow control: strict priority bands, FCFS, dispatch while saturation < 1.
   probabilistic  llm-d probabilistic admitter: Band.LOW rejected with p = min(1, 300 * sat^5).
-  kvgate         policy/admission.py's rules (quotas in seats, borrowing, fair queues, aging, limits).
-  kvgate_prefill the same plus a prefill budget (PREFILL_BUDGET_PER_WORKER): a SIMULATOR-ONLY rule, the
+  kvgate         policy/admission.py's AdmissionState, the Lua scripts' twin (quotas in seats, borrowing,
+                 fair queues, aging, limits), plus the simulator's hooks (docs/ADMISSION.md, "Hooks").
+  kvgate_prefill the same plus a prefill budget (PREFILL_BUDGET_PER_WORKER): a SIMULATOR-ONLY hook, the
                  gateway has no equivalent yet (docs/ADMISSION.md, "Overload settings").
 
 Saturation (GIE/llm-d utilization detector, PEERS.md §2.1) is computed from M signals (the last scrape):
@@ -20,9 +21,7 @@ counting 1.0.
 
 from __future__ import annotations
 
-import heapq
 import random
-from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -35,19 +34,15 @@ from policy.admission import (
     DEFAULT_MAX_SEATS,
     DEFAULT_SHARES,
     DEFAULT_TOKENS_PER_SEAT,
-    SCAN,
-    Usage,
-    band_ok,
-    clamp_seats,
+    AdmissionHooks,
+    AdmissionState,
+    AdmitCode,
+    Quota,
     default_quota,
-    effective_priority,
-    estimated_wait_s,
-    fair_tag,
     queue_limit,
     seat_count,
-    tenant_ok,
-    total_ok,
 )
+from policy.pressure import PressureTracker
 from policy.types import Band
 
 SATURATION_WAITING = 5  # GIE: a pod with more than 5 waiting requests is saturated
@@ -177,7 +172,10 @@ class GieFlowGate(BaseGate):
 
 @dataclass(frozen=True, slots=True)
 class KvgateConfig:
-    """Knobs of the kvgate gate (defaults are what `--admission kvgate` runs)."""
+    """Knobs of the kvgate gate (defaults are what `--admission kvgate` runs). The last four switch the
+    simulator's own rules (docs/ADMISSION.md, "Hooks"): `qps_window_s = 0`, `slo_reject = False`,
+    `shed_low_after_s = None`, `prefill_budget_tokens = None` turn them off, and the gate then grants
+    exactly what `AdmissionState` grants (tests/property/test_sim_gate_agrees.py)."""
 
     # policy/admission.py's defaults, as an operator gets them: 4096-token seats, at most 16 per request,
     # default_quota's shares (high 0.5, normal 0.3, low 0.2; high and normal borrow, low does not).
@@ -189,46 +187,124 @@ class KvgateConfig:
     seats_per_worker: int | None = None  # None: the worker's KV capacity in seats
     shares: Mapping[Band, float] = field(default_factory=lambda: dict(DEFAULT_SHARES))
     aging_ms: int = DEFAULT_AGING_MS
-    # wait budget when the request has no SLO, and the "acceptable wait" of the queue-length rule
+    # wait budget per band when the request has no SLO, and the "acceptable wait" of the queue-length rule
     wait_s: Mapping[Band, float] = field(
         default_factory=lambda: {Band.HIGH: 2.0, Band.NORMAL: 10.0, Band.LOW: 60.0}
     )
-    qps_window_s: float = 10.0  # expected QPS per band = arrivals in the last window / window
-    slo_reject: bool = True  # Mooncake-style early rejection on the predicted TTFT
-    # sustained pressure: a band above LOW has had waiters for this long -> new LOW requests are refused
+    # queue length per band from its measured arrival rate: queue_limit(arrivals in the last window /
+    # window, wait_s[band]) becomes the quota's queue_max:<b> before each acquire; 0 = the quota's own
+    qps_window_s: float = 10.0
+    slo_reject: bool = True  # Mooncake-style early rejection on the predicted TTFT (door, queue, grant)
+    # sustained pressure (policy/pressure.py): a band above LOW has had waiters this long -> new LOW
+    # requests are refused at the door (the gateway's `shed_low_after_ms`)
     shed_low_after_s: float | None = 1.0
     # second step, prefill headroom: a band below HIGH is granted only while the cluster's pending
     # prefill tokens (R) stay under this, so an online request finds a worker not busy prefilling
     prefill_budget_tokens: int | None = None
 
 
-@dataclass(slots=True)
-class _Waiter:
-    req: SimRequest
-    seats: int
-    tag: int
-    deadline_ms: int
+MODEL = "sim"  # the one model a simulated cluster serves (policy/pressure.py tracks per model)
+LEASE_MS = 10**12  # simulated gateways never die: a lease lasts until its request finishes
+
+
+def sim_rid(request_id: int) -> str:
+    """AdmissionState id of a simulated request: zero-padded, so Redis-ZSET order is numeric order."""
+    return f"{request_id:010d}"
+
+
+def best_worker(profile: EngineProfile, req: SimRequest, cluster: ClusterView) -> tuple[int, float]:
+    """(uncached prompt tokens, predicted engine TTFT) on the worker where the TTFT is lowest: its
+    pending prefill at one chunk per step, then this prompt's uncached part (Mooncake's queue time +
+    prefill time)."""
+    best: tuple[int, float] | None = None
+    blocks = req.block_tokens
+    chunk = profile.max_num_batched_tokens
+    chunk_s = prefill_time_s(profile, chunk, 0)
+    for wid in cluster.worker_ids:
+        cached = sum(blocks[: cluster.cached_prefix_blocks(wid, req)])
+        uncached = req.input_tokens - cached
+        # prompts ahead are separate requests: chunked prefill clears them at one chunk per step
+        ahead_s = cluster.pending_prefill_tokens(wid) / chunk * chunk_s
+        ttft = ahead_s + prefill_time_s(profile, max(1, uncached), cached)
+        if best is None or ttft < best[1]:
+            best = (uncached, ttft)
+    return best or (req.input_tokens, 0.0)
+
+
+class SimHooks(AdmissionHooks):
+    """The simulator's side of `AdmissionState`: which requests its ids stand for, the granted requests
+    not yet dispatched, the dropped ones, and the simulator-only rules (the SLO re-checks and the
+    prefill budget), each off unless its setting asks for it."""
+
+    def __init__(self, profile: EngineProfile, config: KvgateConfig) -> None:
+        self.profile = profile
+        self.slo_reject = config.slo_reject
+        self.prefill_budget = config.prefill_budget_tokens
+        self.requests: dict[str, SimRequest] = {}  # queued or running, by AdmissionState id
+        self.engine_ttft_s: dict[str, float] = {}  # predicted at arrival (the queue-time SLO check)
+        self.ready: list[SimRequest] = []  # granted, not yet dispatched
+        self.ready_tokens = 0  # their prompt tokens: pending prefill the cluster does not see yet
+        self.dropped_ids: list[int] = []  # left the queue without a grant (the runner marks them rejected)
+        self.cluster: ClusterView | None = None  # the cluster last seen (the same object every call)
+
+    def band_open(self, band: Band, now_ms: int) -> bool:
+        budget, cluster = self.prefill_budget, self.cluster
+        if band >= Band.HIGH or budget is None or cluster is None:
+            return True
+        # granted requests join the cluster's pending prefill only when dispatched, after this pump
+        pending = self.ready_tokens + sum(cluster.pending_prefill_tokens(w) for w in cluster.worker_ids)
+        return pending < budget
+
+    def accepts_wait(self, rid: str, est_wait_s: float) -> bool:
+        req = self.requests[rid]
+        if not self.slo_reject or req.slo_ttft_s is None:
+            return True
+        return est_wait_s + self.engine_ttft_s[rid] <= req.slo_ttft_s
+
+    def still_wanted(self, rid: str, now_ms: int) -> bool:
+        """SLO re-check at grant time: its seats would buy a late answer (429 now, seats to the next)."""
+        req = self.requests[rid]
+        if not self.slo_reject or req.slo_ttft_s is None or self.cluster is None:
+            return True
+        ttft_s = best_worker(self.profile, req, self.cluster)[1]
+        return now_ms + _ms(ttft_s) <= _ms(req.arrival_s + req.slo_ttft_s)
+
+    def granted(self, rid: str, now_ms: int) -> None:
+        req = self.requests[rid]
+        self.ready.append(req)
+        self.ready_tokens += req.input_tokens
+
+    def dropped(self, rid: str, now_ms: int) -> None:
+        self.dropped_ids.append(self.forget(rid).id)
+
+    def forget(self, rid: str) -> SimRequest:
+        self.engine_ttft_s.pop(rid, None)
+        return self.requests.pop(rid)
 
 
 class KvgateGate(BaseGate):
-    """`kvgate`: policy/admission.py's rules (the Lua scripts' twin), driven incrementally.
+    """`kvgate`: policy/admission.py's `AdmissionState` (the Lua scripts' twin) behind the simulator's
+    gate interface, plus the simulator-only rules as `AdmissionHooks` (`SimHooks`).
 
     - Global quota in seats from capacity: `default_quota(workers, seats_per_worker, shares)`, where a
       seat is `tokens_per_seat` KV tokens and a worker holds `capacity_tokens // tokens_per_seat`
-      seats; a request takes `seat_count(uncached prompt on the best worker, max_tokens)` seats, clamped.
-    - Per-band nominal shares; high and normal borrow what lower bands leave unused, low cannot
-      (`band_ok`): under pressure the batch band is held to its share and is shed first (its queue
-      fills and its wait budget runs out before an online request's).
-    - One queue per band ordered by the fair tag (`fair_tag`: a flooding tenant interleaves with the
-      others), strict priority between bands with aging (`effective_priority`, ties to the band served
-      longest ago), first grantable among the first SCAN; a head that does not fit the total blocks.
-    - Queue length per band: `queue_limit(expected QPS, acceptable wait)`, QPS measured over a window.
-    - Wait budget: the request's TTFT SLO (else the band's wait); an expired waiter leaves (rejected).
-    - SLO-aware early rejection (Mooncake, PEERS.md §2.4): refuse at the door when the predicted TTFT on
-      the best worker (its pending prefill + this prompt, + `estimated_wait_s` when queued) exceeds the SLO,
-      and at grant time when the wait so far + the predicted TTFT from now does (the waiter leaves, 429).
-    The state here is incremental (sorted queues, running usage) but applies the same pure functions as
-    `policy.admission.AdmissionState`, whose per-call rescans are too slow for 10^4-request runs."""
+      seats; a request asks for `seat_count(uncached prompt on the best worker, max_tokens)` seats,
+      which `AdmissionState` clamps (the gateway sizes seats the same way, plugin/admit.py).
+    - Bands, borrowing, fair queues by tenant, aging, the grant pump, queue limits, wait budgets and
+      their deadlines: `AdmissionState`, operation for operation (acquire at an arrival, release at a
+      finish, `pump` = check.lua when the simulator offers a release).
+    - Wait budget: the request's TTFT SLO, else the band's `wait_s` (`max_wait_ms` of the acquire).
+    - Queue length per band: `queue_limit(measured arrival rate, wait_s[band])` written into the
+      quota's `queue_max:<b>` before each acquire (simulator-only: the gateway's is static).
+    - Shedding under sustained pressure: `policy.pressure.PressureTracker`, the gateway's own, fed
+      after every operation (the gateway feeds it once a second).
+    - SLO-aware early rejection (Mooncake, PEERS.md §2.4), simulator-only where it needs a TTFT
+      prediction inside the queue: refuse at the door when the predicted TTFT on the best worker (its
+      pending prefill + this prompt) exceeds the SLO (the gateway does this too, plugin/placement.py);
+      refuse a request that would queue when `estimated_wait_s` + that TTFT does (`accepts_wait`); and
+      at grant time when the predicted TTFT from now does (`still_wanted`: the waiter leaves, 429).
+    - Prefill budget (`kvgate_prefill`, simulator-only): bands below high are not granted while the
+      cluster's pending prefill is at or above the budget (`band_open`)."""
 
     name = "kvgate"
 
@@ -240,24 +316,24 @@ class KvgateGate(BaseGate):
         self.profile = profile
         self.config = cfg = config or KvgateConfig()
         per_worker = cfg.seats_per_worker or max(1, profile.capacity_tokens // max(1, cfg.tokens_per_seat))
-        self.quota = replace(default_quota(workers, per_worker, cfg.shares), aging_ms=cfg.aging_ms)
-        self.capacity_seats = self.quota.total or 1
-        self.leases: dict[int, tuple[int, Band, str, int]] = {}  # id -> seats, band, tenant, granted_ms
-        self.used_total = 0
-        self.used_band: dict[Band, int] = dict.fromkeys(Band, 0)
-        self.used_tenant: dict[str, int] = {}
-        self.queues: dict[Band, list[tuple[int, int]]] = {b: [] for b in Band}  # sorted (tag, id)
-        self.waiters: dict[int, _Waiter] = {}
-        self.deadlines: list[tuple[int, int]] = []  # heap (deadline_ms, id)
-        self.vtime: dict[Band, int] = dict.fromkeys(Band, 0)
-        self.since: dict[Band, int] = {}
-        self.tags: dict[Band, dict[str, int]] = {b: {} for b in Band}
-        self.hold_s = 0.0  # moving average of lease hold times
+        self.hooks = SimHooks(profile, cfg)
+        self.dropped = self.hooks.dropped_ids
+        quota = replace(default_quota(workers, per_worker, cfg.shares), aging_ms=cfg.aging_ms)
+        self.state = AdmissionState(quota, hooks=self.hooks)
+        self.pressure = PressureTracker()
         self.arrivals: dict[Band, deque[float]] = {b: deque() for b in Band}
-        self.ready: list[SimRequest] = []  # granted, not yet dispatched
-        self.ready_tokens = 0  # their prompt tokens: pending prefill the cluster does not see yet
-        self.pressure_since_ms: int | None = None  # since when a band above LOW has had waiters
-        self.cluster: ClusterView | None = None  # the cluster last seen (the same object every call)
+
+    @property
+    def quota(self) -> Quota:
+        return self.state.quota
+
+    @quota.setter
+    def quota(self, quota: Quota) -> None:
+        self.state.quota = quota
+
+    @property
+    def ready(self) -> list[SimRequest]:
+        return self.hooks.ready
 
     @property
     def release_on_first_token(self) -> bool:
@@ -267,189 +343,69 @@ class KvgateGate(BaseGate):
     # ---- AdmissionGate ----------------------------------------------------------------------------
 
     def admit(self, req: SimRequest, cluster: ClusterView, now_s: float) -> Verdict:
-        self.cluster = cluster
-        now_ms = _ms(now_s)
-        self._reap(now_ms)
-        self._pump(now_ms)
-        band, cfg = req.band, self.config
-        budget_s = req.slo_ttft_s if req.slo_ttft_s is not None else cfg.wait_s[band]
-        uncached, engine_ttft = self._best_worker(req, cluster)
-        seats = clamp_seats(
-            seat_count(uncached, req.output_tokens, cfg.tokens_per_seat, cfg.max_seats),
-            self.quota,
-            band,
-            req.tenant,
-        )
+        hooks, cfg, band = self.hooks, self.config, req.band
+        hooks.cluster = cluster
+        uncached, engine_ttft = best_worker(self.profile, req, cluster)
         if cfg.slo_reject and req.slo_ttft_s is not None and engine_ttft > req.slo_ttft_s:
             return Verdict.REJECT
-        if band == Band.LOW and self._sustained_pressure(now_ms):
+        if self.pressure.sheds(MODEL, band, now_s, cfg.shed_low_after_s or 0.0):
             return Verdict.REJECT  # shed batch traffic first
-        queue = self.queues[band]
-        was_empty = not queue
-        prev_tag = self.tags[band].get(req.tenant)
-        tag = fair_tag(self.vtime[band], prev_tag, seats)
-        insort(queue, (tag, req.id))
-        self.tags[band][req.tenant] = tag
-        self.waiters[req.id] = _Waiter(req, seats, tag, now_ms + _ms(budget_s))
-        if was_empty:
-            self.since[band] = now_ms
-        if req.id in self._pump(now_ms):
-            self.ready.remove(req)
-            self.ready_tokens -= req.input_tokens
+        if cfg.qps_window_s > 0:
+            self._measure_queue_limit(band, now_s)
+        rid = sim_rid(req.id)
+        hooks.requests[rid] = req
+        hooks.engine_ttft_s[rid] = engine_ttft
+        budget_s = req.slo_ttft_s if req.slo_ttft_s is not None else cfg.wait_s[band]
+        seats = seat_count(uncached, req.output_tokens, cfg.tokens_per_seat, cfg.max_seats)
+        result = self.state.acquire(_ms(now_s), rid, band, req.tenant, seats, LEASE_MS, _ms(budget_s))
+        self._observe(now_s)
+        if result.code is AdmitCode.ADMITTED:
+            hooks.ready.remove(req)  # dispatched now, not at the next release
+            hooks.ready_tokens -= req.input_tokens
             return Verdict.ADMIT
-        ahead = bisect_left(queue, (tag, req.id)) + sum(len(self.queues[b]) for b in Band if b > band)
-        wait = estimated_wait_s(ahead, self.capacity_seats, self.hold_s)
-        full = len(queue) - 1 >= self._queue_limit(band, now_s)
-        late = cfg.slo_reject and req.slo_ttft_s is not None and wait + engine_ttft > req.slo_ttft_s
-        if full or late:
-            self._leave(req.id)
-            if queue:  # restore the tenant's tag: the refused request never took a turn
-                if prev_tag is None:
-                    self.tags[band].pop(req.tenant, None)
-                else:
-                    self.tags[band][req.tenant] = prev_tag
-            return Verdict.REJECT
-        heapq.heappush(self.deadlines, (now_ms + _ms(budget_s), req.id))
-        return Verdict.QUEUE
+        if result.code is AdmitCode.QUEUED:
+            return Verdict.QUEUE
+        if rid in hooks.requests:
+            hooks.forget(rid)
+        else:  # `still_wanted` turned it away in its own acquire: a refusal at the door, not a drop
+            hooks.dropped_ids.remove(req.id)
+        return Verdict.REJECT
 
     def release(self, cluster: ClusterView, now_s: float) -> Sequence[SimRequest]:
-        self.cluster = cluster
-        now_ms = _ms(now_s)
-        self._reap(now_ms)
-        self._pump(now_ms)
-        out, self.ready, self.ready_tokens = self.ready, [], 0
+        self.hooks.cluster = cluster
+        self.state.pump(_ms(now_s))
+        self._observe(now_s)
+        hooks = self.hooks
+        out, hooks.ready, hooks.ready_tokens = hooks.ready, [], 0
         return out
 
     def queued(self) -> int:
-        return len(self.waiters) + len(self.ready)
+        return len(self.state.waiters) + len(self.hooks.ready)
 
     def on_finish(self, req: SimRequest, worker_id: str, now_s: float) -> None:
-        lease = self.leases.pop(req.id, None)
-        if lease is None:
+        rid = sim_rid(req.id)
+        if rid not in self.state.leases:
             return
-        seats, band, tenant, granted_ms = lease
-        self.used_total -= seats
-        self.used_band[band] -= seats
-        self.used_tenant[tenant] -= seats
-        held_s = now_s - granted_ms / 1000
-        self.hold_s = held_s if self.hold_s <= 0 else 0.9 * self.hold_s + 0.1 * held_s
-        now_ms = _ms(now_s)
-        self._reap(now_ms)
-        self._pump(now_ms)
+        self.hooks.forget(rid)
+        self.state.release(_ms(now_s), rid)
+        self._observe(now_s)
 
-    # ---- rules ------------------------------------------------------------------------------------
+    # ---- simulator-side inputs of the shared rules ---------------------------------------------------
 
-    def _best_worker(self, req: SimRequest, cluster: ClusterView) -> tuple[int, float]:
-        """(uncached prompt tokens, predicted engine TTFT) on the worker where the TTFT is lowest:
-        its pending prefill at one chunk per step, then this prompt's uncached part (Mooncake's
-        queue time + prefill time)."""
-        best: tuple[int, float] | None = None
-        blocks = req.block_tokens
-        chunk = self.profile.max_num_batched_tokens
-        chunk_s = prefill_time_s(self.profile, chunk, 0)
-        for wid in cluster.worker_ids:
-            cached = sum(blocks[: cluster.cached_prefix_blocks(wid, req)])
-            uncached = req.input_tokens - cached
-            # prompts ahead are separate requests: chunked prefill clears them at one chunk per step
-            ahead_s = cluster.pending_prefill_tokens(wid) / chunk * chunk_s
-            ttft = ahead_s + prefill_time_s(self.profile, max(1, uncached), cached)
-            if best is None or ttft < best[1]:
-                best = (uncached, ttft)
-        return best or (req.input_tokens, 0.0)
-
-    def _queue_limit(self, band: Band, now_s: float) -> int:
+    def _measure_queue_limit(self, band: Band, now_s: float) -> None:
+        """queue_max:<b> = queue_limit(arrivals of the band in the last window / window, wait_s[band])."""
         window = self.arrivals[band]
         window.append(now_s)
         while window and window[0] < now_s - self.config.qps_window_s:
             window.popleft()
-        return queue_limit(len(window) / self.config.qps_window_s, self.config.wait_s[band])
+        limit = queue_limit(len(window) / self.config.qps_window_s, self.config.wait_s[band])
+        quota = self.state.quota
+        if quota.queue_max_band.get(band) != limit:
+            self.state.quota = replace(quota, queue_max_band={**quota.queue_max_band, band: limit})
 
-    def _sustained_pressure(self, now_ms: int) -> bool:
-        limit = self.config.shed_low_after_s
-        since = self.pressure_since_ms
-        return limit is not None and since is not None and now_ms - since >= _ms(limit)
-
-    def _track_pressure(self, now_ms: int) -> None:
-        waiting_above_low = any(self.queues[b] for b in Band if b > Band.LOW)
-        if not waiting_above_low:
-            self.pressure_since_ms = None
-        elif self.pressure_since_ms is None:
-            self.pressure_since_ms = now_ms
-
-    def _prefill_headroom(self) -> bool:
-        budget, cluster = self.config.prefill_budget_tokens, self.cluster
-        if budget is None or cluster is None:
-            return True
-        # granted requests join the cluster's pending prefill only when dispatched, after this pump
-        pending = self.ready_tokens + sum(cluster.pending_prefill_tokens(w) for w in cluster.worker_ids)
-        return pending < budget
-
-    def _usage(self) -> Usage:
-        return Usage(self.used_total, self.used_band, self.used_tenant)
-
-    def _pump(self, now_ms: int) -> list[int]:
-        """Grant waiters while the best band's offer fits (AdmissionState._pump, incrementally)."""
-        granted: list[int] = []
-        while True:
-            usage = self._usage()
-            best: tuple[int, int, int] | None = None  # id, effective priority, since
-            headroom = self._prefill_headroom()
-            for band in BANDS_DOWN:
-                if band < Band.HIGH and not headroom:
-                    continue
-                for _, rid in self.queues[band][:SCAN]:
-                    w = self.waiters[rid]
-                    if tenant_ok(self.quota, usage, w.req.tenant, w.seats) and band_ok(
-                        self.quota, usage, band, w.seats
-                    ):
-                        since = self.since.get(band, now_ms)
-                        eff = effective_priority(band, since, now_ms, self.quota.aging_ms)
-                        if best is None or eff > best[1] or (eff == best[1] and since < best[2]):
-                            best = (rid, eff, since)
-                        break
-            if best is None or not total_ok(self.quota, usage, self.waiters[best[0]].seats):
-                self._track_pressure(now_ms)
-                return granted
-            if self._too_late(self.waiters[best[0]].req, now_ms):
-                self._leave(best[0])  # its seats would buy a late answer: 429 now, seats to the next
-                self.dropped.append(best[0])
-                continue
-            self._grant(now_ms, best[0])
-            granted.append(best[0])
-
-    def _too_late(self, req: SimRequest, now_ms: int) -> bool:
-        """SLO-aware rejection at grant time: the predicted TTFT from now misses the request's SLO."""
-        if not self.config.slo_reject or req.slo_ttft_s is None or self.cluster is None:
-            return False
-        ttft_s = self._best_worker(req, self.cluster)[1]
-        return now_ms + _ms(ttft_s) > _ms(req.arrival_s + req.slo_ttft_s)
-
-    def _grant(self, now_ms: int, rid: int) -> None:
-        w = self.waiters[rid]
-        band, tenant = w.req.band, w.req.tenant
-        self._leave(rid)
-        self.leases[rid] = (w.seats, band, tenant, now_ms)
-        self.used_total += w.seats
-        self.used_band[band] += w.seats
-        self.used_tenant[tenant] = self.used_tenant.get(tenant, 0) + w.seats
-        self.vtime[band] = w.tag
-        self.since[band] = now_ms
-        self.ready.append(w.req)
-        self.ready_tokens += w.req.input_tokens
-
-    def _leave(self, rid: int) -> None:
-        w = self.waiters.pop(rid)
-        queue = self.queues[w.req.band]
-        del queue[bisect_left(queue, (w.tag, rid))]
-        if not queue:
-            self.tags[w.req.band].clear()
-
-    def _reap(self, now_ms: int) -> None:
-        while self.deadlines and self.deadlines[0][0] <= now_ms:
-            _, rid = heapq.heappop(self.deadlines)
-            if rid in self.waiters:
-                self._leave(rid)
-                self.dropped.append(rid)
+    def _observe(self, now_s: float) -> None:
+        state = self.state
+        self.pressure.observe(MODEL, {b: state.queue_length(b) for b in Band}, now_s)
 
 
 def _ms(seconds: float) -> int:

@@ -52,7 +52,7 @@ def make_gate(setting: str, profile: EngineProfile, workers: int) -> KvgateGate:
             raise ValueError(f"unknown gate setting {part!r} in {setting!r}")
     gate = KvgateGate(profile, workers, KvgateConfig(**knobs))  # type: ignore[arg-type]
     if reserve > 0:
-        gate.quota = replace(gate.quota, reserve={Band.HIGH: int(reserve * gate.capacity_seats)})
+        gate.quota = replace(gate.quota, reserve={Band.HIGH: int(reserve * (gate.quota.total or 0))})
     return gate
 
 

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policy.admission import (
+    AdmissionHooks,
     AdmissionState,
     AdmitCode,
     CheckStatus,
@@ -330,3 +331,47 @@ def test_usage_never_exceeds_any_limit(quota: Quota, steps: list[tuple[str, int,
         assert quota.tenant is None or all(v <= quota.tenant for v in u.tenant.values())
         for b, nominal in quota.band.items():
             assert u.band.get(b, 0) <= nominal + quota.borrow.get(b, 0)
+
+
+class _Hooks(AdmissionHooks):
+    """Holds the low band, refuses one id at grant and one wait, and records what it observes."""
+
+    def __init__(self) -> None:
+        self.low_open = False
+        self.events: list[tuple[str, str]] = []
+
+    def band_open(self, band: Band, now_ms: int) -> bool:
+        return band != Band.LOW or self.low_open
+
+    def still_wanted(self, rid: str, now_ms: int) -> bool:
+        return rid != "late"
+
+    def accepts_wait(self, rid: str, est_wait_s: float) -> bool:
+        return rid != "impatient"
+
+    def granted(self, rid: str, now_ms: int) -> None:
+        self.events.append(("granted", rid))
+
+    def dropped(self, rid: str, now_ms: int) -> None:
+        self.events.append(("dropped", rid))
+
+
+def test_hooks_hold_a_band_refuse_at_grant_and_refuse_a_wait() -> None:
+    hooks = _Hooks()
+    state = AdmissionState(Quota(total=1), hooks=hooks)
+    assert state.acquire(0, "low", Band.LOW, "t", 1, 1000, 5000).code is AdmitCode.QUEUED  # band held
+    assert state.acquire(0, "late", Band.HIGH, "t", 1, 1000, 5000).code is AdmitCode.WAIT_REFUSED
+    assert state.acquire(0, "high", Band.HIGH, "t", 1, 1000, 5000).code is AdmitCode.ADMITTED
+    refused = state.acquire(0, "impatient", Band.NORMAL, "u", 1, 1000, 5000)
+    assert refused.code is AdmitCode.WAIT_REFUSED and "u" not in state.tags.get(Band.NORMAL, {})
+    hooks.low_open = True
+    assert state.release(10, "high").granted == ("low",)
+    assert hooks.events == [("dropped", "late"), ("granted", "high"), ("granted", "low")]
+
+
+def test_a_waiter_whose_budget_runs_out_is_reported_dropped() -> None:
+    hooks = _Hooks()
+    state = AdmissionState(Quota(total=1), hooks=hooks)
+    state.acquire(0, "a", Band.HIGH, "t", 1, 10_000, 5000)
+    assert state.acquire(0, "b", Band.HIGH, "t", 1, 10_000, 100).code is AdmitCode.QUEUED
+    assert state.pump(100) == () and ("dropped", "b") in hooks.events and "b" not in state.waiters

@@ -186,7 +186,7 @@ def test_kvgate_counts_seats_and_grants_freed_seats_in_priority_order() -> None:
     assert gate.queued() == 2
     gate.on_finish(big, "w0", 1.0)
     assert [r.id for r in gate.release(ONE, 1.0)] == [4, 3]  # high first, both fit in 7 freed seats
-    assert gate.queued() == 0 and gate.used_total == 3 + 1 + 1
+    assert gate.queued() == 0 and gate.state.usage().total == 3 + 1 + 1
 
 
 def test_kvgate_aging_serves_a_long_waiting_low_band_before_fresh_high() -> None:
@@ -232,7 +232,7 @@ def test_kvgate_queue_limit_from_expected_qps_times_acceptable_wait() -> None:
         qps_window_s=10.0,
     )
     assert gate.admit(req(0, Band.LOW), ONE, 0.0) is Verdict.ADMIT  # the low band's only seat
-    # 2 low arrivals in the 10 s window -> 0.2 req/s x 1 s -> limit 1 waiter
+    # 2 then 3 low arrivals in the 10 s window -> 0.2 / 0.3 req/s x 1 s -> limit 1 waiter
     assert gate.admit(req(1, Band.LOW), ONE, 0.0) is Verdict.QUEUE
     assert gate.admit(req(2, Band.LOW), ONE, 0.0) is Verdict.REJECT
 
@@ -273,7 +273,7 @@ def test_kvgate_rejects_a_waiter_at_grant_time_when_its_slo_is_out_of_reach(
     gate.on_finish(holder, "w0", 1.0)
     assert [r.id for r in gate.release(live, 1.0)] == ([1] if granted else [])
     assert gate.dropped == ([] if granted else [1]) and gate.queued() == 0
-    assert gate.used_total == (1 if granted else 0)
+    assert gate.state.usage().total == (1 if granted else 0)
 
 
 def test_kvgate_sheds_low_first_under_sustained_pressure() -> None:
@@ -361,13 +361,15 @@ def test_kvgate_never_exceeds_quota_and_accounts_for_every_request(
             gate.on_finish(running.pop(0), "w0", now)
             finished += 1
         running.extend(gate.release(ONE, now))
-        assert gate.used_total <= 12 and gate.used_band[Band.LOW] <= nominal_low
-        assert gate.used_total == sum(seats for seats, *_ in gate.leases.values())
+        usage = gate.state.usage()
+        assert usage.total <= 12 and usage.band.get(Band.LOW, 0) <= nominal_low
+        assert usage.total == sum(lease.seats for lease in gate.state.leases.values())
     # every request is in exactly one place: held, waiting/ready, refused at the door, or timed out
-    places = [set(gate.leases), set(gate.waiters) | {r.id for r in gate.ready}, rejected, set(gate.dropped)]
+    leases, waiters = {int(rid) for rid in gate.state.leases}, {int(rid) for rid in gate.state.waiters}
+    places = [leases, waiters | {r.id for r in gate.ready}, rejected, set(gate.dropped)]
     assert sum(len(p) for p in places) == len(set().union(*places))
     assert sum(len(p) for p in places) + finished == len(ops)
-    assert {r.id for r in running} == set(gate.leases)
+    assert {r.id for r in running} == leases
 
 
 def test_kvgate_gate_runs_the_quota_an_operator_gets_by_default() -> None:
