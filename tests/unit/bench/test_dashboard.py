@@ -53,4 +53,3 @@ def test_panels_have_unique_ids_a_datasource_and_queries_on_kvgate_metrics() -> 
         # gateway metrics are filtered by the $model variable; the agents' carry no model label
         if "kvgate_agent_" not in expr:
             assert 'model=~"$model"' in expr, (title, expr)
-

@@ -139,7 +139,8 @@ def test_values_schema_refuses_unknown_keys_and_wrong_types() -> None:
     with helm.Chart.load(CHART) as chart:
         for bad in ({"gatway": {}}, {"gateway": {"replicas": "2"}}, {"redis": {"password": "a b@c"}},
                     {"config": '[tenants.x]\napi_keys = ["k"]\n'},
-                    {"workers": {"kvEvents": {"config": {"endpoint": "tcp://*:1"}}}}):  # fmt: skip
+                    {"workers": {"kvEvents": {"config": {"endpoint": "tcp://*:1"}}}},
+                    {"hpa": {"enabled": True}, "keda": {"enabled": True}}):  # fmt: skip
             with pytest.raises(helm.HelmValuesError):
                 chart.validate_schema(bad)
 
