@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,8 @@ def test_panels_have_unique_ids_a_datasource_and_queries_on_kvgate_metrics() -> 
         # gateway metrics are filtered by the $model variable; the agents' carry no model label
         if "kvgate_agent_" not in expr:
             assert 'model=~"$model"' in expr, (title, expr)
+
+
+def test_the_dev_extra_installs_the_same_builder_pin() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(extras["dashboard"]) <= set(extras["dev"])
