@@ -33,7 +33,7 @@ WORKERS = 2
 PER_WORKER = 2  # quota = 4 concurrent requests: the bursts of 8 queue and get refused
 BURSTS = 8  # one a second
 BURST_SIZE = 8
-MAX_TOKENS = 96  # long enough that the agents (250 ms probes) and 1 s scrapes see requests running
+MAX_TOKENS = 160  # long enough that the agents (250 ms probes) and 1 s scrapes see requests running
 # what Grafana substitutes: $model with "All" selected is the allValue, the rate window spans the run
 VARIABLES = {"$model": ".*", "$__rate_interval": "1m"}
 
@@ -43,7 +43,9 @@ def load(rng: random.Random) -> list[LiveRequest]:
     out = []
     for burst in range(BURSTS):
         for i in range(BURST_SIZE):
-            low = i % 4 == 3  # low priority that may not wait: refused while the quota is full
+            low = (
+                i >= BURST_SIZE - 2
+            )  # the burst's last two: low priority that may not wait, refused (quota full)
             headers = {"x-kvgate-priority": "low", "x-kvgate-max-wait-ms": "0"} if low else {}
             text = f"{rng.choice(prefixes)}\n\nquestion {burst}-{i}: {filler_text(rng, 20)}"
             body = {"model": MODEL, "max_tokens": MAX_TOKENS, "messages": [{"role": "user", "content": text}]}
@@ -93,6 +95,8 @@ async def test_every_dashboard_panel_returns_data_from_a_real_prometheus(tmp_pat
             found = prom.query(f'sum(kvgate_requests_total{{model="{MODEL}"}})')
             return bool(found) and finite_values(found)[0] >= len(results)
 
+        seen_running = prom.query("max_over_time(kvgate_agent_worker_running[1m])")
+        print("running seen by the scrapes:", seen_running)
         deadline = time.monotonic() + 15
         while not await scraped_after_load():
             assert time.monotonic() < deadline, "Prometheus never scraped the finished load"
