@@ -1,4 +1,4 @@
-"""helm/kvgate checked structurally (helm itself is not installed, nothing is rendered): the plain YAML
+"""helm/kvgate checked structurally (test_render.py renders it with Helm's engine): the plain YAML
 files parse, Chart.yaml has its fields, templates use only values that values.yaml defines and close
 every block they open, the config in values.yaml is a valid gateway config, and the autoscaling
 examples query metrics the gateway really exports."""
@@ -21,6 +21,7 @@ CHART = ROOT / "helm" / "kvgate"
 TEMPLATES = sorted((CHART / "templates").glob("*"))
 PLAIN_YAML = [
     CHART / "Chart.yaml", CHART / "values.yaml", *sorted((CHART / "examples").glob("*.yaml")),
+    *sorted((CHART / "ci").glob("*.yaml")),
     ROOT / "examples" / "keda-scaledobject.yaml", ROOT / "examples" / "hpa.yaml",
 ]  # fmt: skip
 
