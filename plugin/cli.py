@@ -18,6 +18,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "sim"): ("bench.sim.cli:main", "trace-driven simulator: policies side by side"),
     ("bench", "overhead"): ("bench.overhead:main", "gateway overhead against bare mitmdump and direct"),
     ("bench", "burst"): ("bench.burst:main", "live 2x burst through two gateways sharing one Redis"),
+    ("bench", "live"): ("bench.live:main", "kvgate and the real peer routers on the same emulated workers"),
 }
 
 
