@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import math
+import signal
 import statistics
 import sys
 import time
@@ -263,6 +264,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    # SIGTERM unwinds like an exception, so the workers and routers started so far are stopped
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     try:

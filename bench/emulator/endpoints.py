@@ -67,9 +67,10 @@ async def tokenize_endpoint(request: web.Request) -> web.Response:
 async def render_endpoint(request: web.Request) -> web.Response:
     """vLLM's /v1/chat/completions/render and /v1/completions/render: the prompt's tokens without running it.
 
-    Chat: `[conversation, [{"prompt", "prompt_token_ids"}]]`; completions: `[{"prompt", "prompt_token_ids"}]`
-    (vLLM's tests/entrypoints/openai/test_render_no_inference.py shapes). Routers that tokenize through
-    the worker (llm-d's token producer, SMG) call these."""
+    As current vLLM renders a request for /inference/v1/generate: chat answers one object
+    `{"request_id", "model", "token_ids", "stream"}`, completions a list of them (one per prompt).
+    vllm-router's cache_aware calls the chat one on every worker per request (then /tokenize on 404),
+    and llm-d's token producer tokenizes through it."""
     worker = request.app[WORKER]
     chat = request.path.startswith("/v1/chat/")
     try:
@@ -80,17 +81,23 @@ async def render_endpoint(request: web.Request) -> web.Response:
             raise ApiError(404, f"The model `{model}` does not exist.", "model")
         if chat:
             try:
-                text = render_chat(body.get("messages"))
+                texts = [render_chat(body.get("messages"))]
             except TemplateError as e:
                 raise ApiError(400, str(e), "messages") from None
         elif isinstance(body.get("prompt"), str):
-            text = body["prompt"]
+            texts = [body["prompt"]]
+        elif isinstance(body.get("prompt"), list) and all(isinstance(p, str) for p in body["prompt"]):
+            texts = body["prompt"]
         else:
-            raise ApiError(400, "give a prompt string", "prompt")
+            raise ApiError(400, "give a prompt string or a list of strings", "prompt")
     except ApiError as e:
         return error_response(e)
-    prompt = {"prompt": text, "prompt_token_ids": tokenize(text)}
-    return web.json_response([body["messages"], [prompt]] if chat else [prompt])
+    name = body.get("model") or worker.config.model
+    rendered = [
+        {"request_id": f"render-{i}", "model": name, "token_ids": tokenize(t), "stream": False}
+        for i, t in enumerate(texts)
+    ]
+    return web.json_response(rendered[0] if chat else rendered)
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
