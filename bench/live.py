@@ -324,7 +324,8 @@ def run(args: argparse.Namespace) -> int:
         "runs": [r.document() for r in runs],
         "workers": args.workers,
         "time_scale": args.time_scale,
-        "profile": str(profile_path),
+        "profile": str(profile_path.resolve()),
+        "out": str(out.resolve()),  # traces (trace-<workload>-<load>.jsonl), plots, logs
         "client": "bench/loadgen.py (open loop)",
         "labels": {r: LABELS[r] for r in args.routers},
         "skipped": skipped,
