@@ -3,6 +3,7 @@
   kvgate bench sim --trace ../shared/traces/mooncake_fast25/conversation_trace.jsonl --policies all
   kvgate bench sim --scenario multi_tenant --workers 8 --load 0.8 --out out/sim --sweep
   kvgate bench sim --scenario overload --admission all --policies kvgate
+  kvgate bench sim --trace ../shared/traces/weka_agentic_coding/traces.tar.gz --trace-format weka
 Prints a table, writes OUT/results.json (schema: docs/SIMULATOR.md) and PNG plots; --sweep adds
 OUT/sweep.json and sweep_ttft_p99.png over several offered loads. Bad input exits 2 with one line.
 """
@@ -34,7 +35,7 @@ from bench.sim.runner import (
     run_policies,
 )
 from bench.sim.scenarios import UnknownScenario, list_scenarios
-from bench.sim.traces import TraceError
+from bench.sim.traces import TraceError, WekaOptions
 
 DEFAULT_SWEEP = (0.4, 0.6, 0.8, 0.9, 1.0)
 
@@ -55,6 +56,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace", help="Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids)"
     )
     source.add_argument("--scenario", help="generated workload; see --list-scenarios")
+    p.add_argument(
+        "--trace-format",
+        choices=("auto", "mooncake", "weka"),
+        default="auto",
+        help="mooncake (JSONL) or weka (a directory of kv-cache-tester JSON files, or their tar); "
+        "auto: weka for a directory or tar, else mooncake",
+    )
+    weka = p.add_argument_group("WEKA traces (seeded by --seed)")
+    weka.add_argument("--weka-conversations", type=int, default=80, help="conversations to replay (80)")
+    weka.add_argument(
+        "--weka-window", type=float, default=1800.0, help="spread conversation starts over this many s (1800)"
+    )
+    weka.add_argument(
+        "--weka-duration", type=float, default=3600.0, help="keep each conversation's first N s (3600)"
+    )
+    weka.add_argument(
+        "--weka-max-context",
+        type=int,
+        help="drop requests with input + output tokens above this (default: the profile's max context)",
+    )
     p.add_argument("--list-scenarios", action="store_true", help="list scenario names and exit")
     p.add_argument("--workers", type=int, default=8, help="simulated GPU workers (default 8)")
     p.add_argument(
@@ -110,14 +131,29 @@ def _main(argv: list[str]) -> int:
         raise UsageError(f"--jobs must be > 0, got {args.jobs}")
     if args.scrape_period <= 0:
         raise UsageError(f"--scrape-period must be > 0, got {args.scrape_period}")
+    if args.weka_conversations <= 0:
+        raise UsageError(f"--weka-conversations must be > 0, got {args.weka_conversations}")
+    if args.weka_window < 0 or args.weka_duration <= 0:
+        raise UsageError("--weka-window must be >= 0 and --weka-duration > 0")
+    if args.weka_max_context is not None and args.weka_max_context <= 0:
+        raise UsageError(f"--weka-max-context must be > 0, got {args.weka_max_context}")
     loads = _sweep_loads(args.sweep_loads) if args.sweep else []
     try:
         profile = load_profile(args.profile)
         policies = resolve_policies(args.policies)
         admissions = None if args.admission is None else _admissions(args.admission)
         overload = args.scenario == "overload"
+        weka = WekaOptions(
+            conversations=args.weka_conversations,
+            window_s=args.weka_window,
+            max_context=args.weka_max_context or profile.max_context_tokens,
+            duration_s=args.weka_duration,
+            seed=args.seed,
+        )
         name, requests = (
-            ("", []) if overload else load_requests(args.trace, args.scenario, args.seed, args.limit)
+            ("", [])
+            if overload
+            else load_requests(args.trace, args.scenario, args.seed, args.limit, args.trace_format, weka)
         )
     except ProfileError as e:
         raise UsageError(f"{e} (profiles: {', '.join(list_profiles())})") from None

@@ -35,6 +35,7 @@ _FLOAT_KEYS = (
 )
 _TEXT_KEYS = ("name", "gpu", "model")
 _OPTIONAL_TEXT_KEYS = ("engine",)
+_OPTIONAL_INT_KEYS = ("max_model_len",)  # absent: the KV pool is the only limit
 
 
 class ProfileError(ValueError):
@@ -58,12 +59,18 @@ class EngineProfile:
     c_ms_per_token_ctx: float  # prefill attention per (new token x context token)
     e_ms_per_seq: float  # per decoding sequence growth below the ridge
     f_ms_per_ctx_token: float  # decode KV read per context token
+    max_model_len: int | None = None  # longest request (prompt + output) the engine accepts
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def capacity_tokens(self) -> int:
         """KV pool size in tokens (vLLM logs it as 'GPU KV cache size: N tokens')."""
         return self.num_gpu_blocks * self.block_size
+
+    @property
+    def max_context_tokens(self) -> int:
+        """The longest context one request may have: max_model_len, never more than the KV pool."""
+        return min(self.max_model_len or self.capacity_tokens, self.capacity_tokens)
 
 
 def list_profiles() -> list[str]:
@@ -89,7 +96,15 @@ def load_profile(name_or_path: str | Path) -> EngineProfile:
 
 def _parse(raw: dict[str, Any], where: str) -> EngineProfile:
     numbers = (*_INT_KEYS, *_FLOAT_KEYS)
-    allowed = {*_TEXT_KEYS, *_OPTIONAL_TEXT_KEYS, *numbers, *(f"{k}_source" for k in numbers)}
+    optional = tuple(k for k in _OPTIONAL_INT_KEYS if raw.get(k) is not None)
+    allowed = {
+        *_TEXT_KEYS,
+        *_OPTIONAL_TEXT_KEYS,
+        *numbers,
+        *(f"{k}_source" for k in numbers),
+        *_OPTIONAL_INT_KEYS,
+        *(f"{k}_source" for k in _OPTIONAL_INT_KEYS),
+    }
     for key in raw:
         if key not in allowed:
             raise ProfileError(f"{where}: unknown key {key!r}")
@@ -99,7 +114,10 @@ def _parse(raw: dict[str, Any], where: str) -> EngineProfile:
     for key in (*_TEXT_KEYS, *_OPTIONAL_TEXT_KEYS, *(f"{k}_source" for k in numbers)):
         if key in raw and not (isinstance(raw[key], str) and raw[key].strip()):
             raise ProfileError(f"{where}: {key} must be a non-empty string")
-    for key in _INT_KEYS:
+    for key in optional:
+        if f"{key}_source" not in raw:
+            raise ProfileError(f"{where}: missing key {key + '_source'!r}")
+    for key in (*_INT_KEYS, *optional):
         value = raw[key]
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ProfileError(f"{where}: {key} = {value!r}: must be a positive integer")
@@ -110,7 +128,7 @@ def _parse(raw: dict[str, Any], where: str) -> EngineProfile:
     if raw["max_num_seqs"] > raw["max_num_batched_tokens"]:
         # vLLM rejects this too: every running sequence needs a token of the step budget to decode
         raise ProfileError(f"{where}: max_num_seqs must be <= max_num_batched_tokens")
-    sources = {k: raw[f"{k}_source"] for k in numbers}
+    sources = {k: raw[f"{k}_source"] for k in (*numbers, *optional)}
     if "engine" in raw:
         sources["engine"] = raw["engine"]
     return EngineProfile(
@@ -127,6 +145,7 @@ def _parse(raw: dict[str, Any], where: str) -> EngineProfile:
         c_ms_per_token_ctx=float(raw["c_ms_per_token_ctx"]),
         e_ms_per_seq=float(raw["e_ms_per_seq"]),
         f_ms_per_ctx_token=float(raw["f_ms_per_ctx_token"]),
+        max_model_len=int(raw["max_model_len"]) if "max_model_len" in optional else None,
         sources=sources,
     )
 
@@ -138,7 +157,7 @@ def scaled(profile: EngineProfile, **overrides: Any) -> EngineProfile:
     if unknown:
         raise ProfileError(f"scaled({profile.name}): unknown key {sorted(unknown)[0]!r}")
     fields.update(overrides)
-    numbers = (*_INT_KEYS, *_FLOAT_KEYS)
+    numbers = (*_INT_KEYS, *_FLOAT_KEYS, *_OPTIONAL_INT_KEYS)
     raw = {**fields, **{f"{k}_source": profile.sources.get(k, "override") for k in numbers}}
     for key in overrides:
         if key in numbers:

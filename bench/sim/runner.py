@@ -36,7 +36,7 @@ from bench.sim.scenarios import (
     overload_requests,
     overload_utilisation,
 )
-from bench.sim.traces import TRACE_BLOCK_TOKENS, load_trace
+from bench.sim.traces import TRACE_BLOCK_TOKENS, WekaOptions, is_weka_source, load_trace, load_weka
 from bench.sim.types import SimRequest
 
 CDF_POINTS = 1000  # TTFT samples kept per policy for the CDF plot
@@ -66,9 +66,19 @@ class PolicyRun:
 
 
 def load_requests(
-    trace: str | None, scenario: str | None, seed: int, limit: int | None
+    trace: str | None,
+    scenario: str | None,
+    seed: int,
+    limit: int | None,
+    trace_format: str = "auto",
+    weka: WekaOptions | None = None,
 ) -> tuple[str, list[SimRequest]]:
+    """A trace (Mooncake JSONL, or WEKA: `trace_format` auto picks WEKA for a directory or tar) or a
+    scenario; the WEKA choices are seeded by `seed` unless `weka` says otherwise."""
     if trace is not None:
+        if trace_format == "weka" or (trace_format == "auto" and is_weka_source(trace)):
+            options = weka or WekaOptions(seed=seed)
+            return trace, load_weka(trace, options)[:limit]
         return trace, load_trace(trace, limit)
     if scenario is None:
         raise ValueError("give --trace PATH or --scenario NAME")
