@@ -12,6 +12,9 @@ Workloads:
   tenants   20 tenants with 2-6k-token system prompts (Zipf popularity); multi-turn sessions that
             re-send their history, one-off questions and one-off documents (1-4k unique tokens).
   mooncake  a slice of the Mooncake arXiv trace (shared/traces/mooncake_arxiv_first1000).
+  weka      WEKA agentic-coding conversations (shared/traces/weka_agentic_coding, bench/sim/traces.py
+            `load_weka`): 40 conversations started within 10 minutes, calls above 36k tokens of
+            context dropped (the emulated pools are small); the first n calls.
 """
 
 from __future__ import annotations
@@ -27,11 +30,14 @@ from bench.loadgen import LiveRequest
 from bench.sim.load import scale_to_load
 from bench.sim.profiles import EngineProfile
 from bench.sim.scenarios import PromptBlocks, Segment
-from bench.sim.traces import load_trace
+from bench.sim.traces import WekaOptions, load_trace, load_weka
 from bench.sim.types import SimRequest
 
-MOONCAKE_SLICE = Path("/work/shared/traces/mooncake_arxiv_first1000/mooncake_trace_1000.jsonl")
-WORKLOADS = ("tenants", "mooncake")
+TRACES = Path("/work/shared/traces")
+MOONCAKE_SLICE = TRACES / "mooncake_arxiv_first1000" / "mooncake_trace_1000.jsonl"
+WEKA_TRACES = TRACES / "weka_agentic_coding" / "traces.tar.gz"
+WEKA_MAX_CONTEXT = 36_000
+WORKLOADS = ("tenants", "mooncake", "weka")
 
 
 def tenants(seed: int, n: int) -> list[SimRequest]:
@@ -75,11 +81,22 @@ def mooncake(n: int, offset: int = 0, path: Path = MOONCAKE_SLICE) -> list[SimRe
     return [replace(r, id=i, arrival_s=r.arrival_s - start) for i, r in enumerate(reqs)]
 
 
+def weka(seed: int, n: int, path: Path = WEKA_TRACES) -> list[SimRequest]:
+    options = WekaOptions(
+        conversations=40, window_s=600.0, max_context=WEKA_MAX_CONTEXT, duration_s=600.0, seed=seed
+    )
+    reqs = load_weka(path, options)[:n]
+    start = reqs[0].arrival_s
+    return [replace(r, id=i, arrival_s=r.arrival_s - start) for i, r in enumerate(reqs)]
+
+
 def build(name: str, seed: int, n: int) -> list[SimRequest]:
     if name == "tenants":
         return tenants(seed, n)
     if name == "mooncake":
         return mooncake(n)
+    if name == "weka":
+        return weka(seed, n)
     raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
 
 
