@@ -8,8 +8,7 @@ For every (workload, load) of the live results it replays the trace the live run
 the workers' --profile and --num-gpu-blocks) and worker count, one run per simulated model:
 
   kvgate, kvgate_x2 -> kvgate          sglang -> sglang (bench/peers/sglang.py)
-  smg -> sglang (SMG 1.13's cache_aware descends from it; its spill gate and worker overload
-         protection are not modelled)
+  smg -> smg (bench/peers/smg.py: SGLang's match + SMG's worker overload protection and spill gate)
   vllm_router -> vllm_router (bench/peers/vllm_router.py)
   dynamo_select -> dynamo              round_robin -> round_robin
 
@@ -34,7 +33,7 @@ from bench.sim.traces import load_trace
 SIM_MODEL = {
     "kvgate": "kvgate",
     "kvgate_x2": "kvgate",
-    "smg": "sglang",
+    "smg": "smg",
     "sglang": "sglang",
     "vllm_router": "vllm_router",
     "dynamo_select": "dynamo",
