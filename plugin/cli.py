@@ -26,6 +26,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "bench.tokenize_bench:main",
         "exact mode: local tokenizer cost and event-loop stall",
     ),
+    ("bench", "live"): ("bench.live:main", "kvgate and the real peer routers on the same emulated workers"),
 }
 
 

@@ -1,7 +1,8 @@
 """The emulated vLLM worker's HTTP server (aiohttp): what a router, an agent or a client talks to.
 
 Endpoints, as vLLM serves them: POST /v1/chat/completions and /v1/completions (SSE when `stream`),
-GET /v1/models, GET /health, GET /version, POST /tokenize, GET /metrics, POST /reset_prefix_cache;
+GET /v1/models, GET /health, GET /version, POST /tokenize, POST /v1/chat/completions/render and
+/v1/completions/render, GET /metrics, POST /reset_prefix_cache;
 plus GET /kvgate/inflight (ids of the requests held now, from X-Request-Id, for agent
 reconciliation). A request's prompt becomes engine blocks keyed by the chained block keys
 (bench/emulator/tokenizer.py); the engine (bench/sim/engine.py, via driver.py) decides when its first
@@ -30,6 +31,7 @@ from bench.emulator.endpoints import (
     kv_faults,
     list_models,
     metrics_endpoint,
+    render_endpoint,
     reset_prefix_cache,
     tokenize_endpoint,
     version,
@@ -110,6 +112,8 @@ def create_app(config: EmulatorConfig) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_post("/tokenize", tokenize_endpoint)
+    app.router.add_post("/v1/chat/completions/render", render_endpoint)
+    app.router.add_post("/v1/completions/render", render_endpoint)
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_get("/kvgate/inflight", inflight)

@@ -100,6 +100,17 @@ class TenantBlockTree:
         creator = self._creator[last]
         return (creator if creator in owners else next(iter(owners))), matched
 
+    def match_tenant(self, block_ids: Sequence[int], tenant: str) -> int:
+        """Chars of the leading blocks `tenant` holds (vllm-router's per-worker match: it stops at the
+        first node the tenant does not own)."""
+        matched = 0
+        for bid in block_ids:
+            owners = self._owners.get(bid)
+            if owners is None or tenant not in owners:
+                break
+            matched += self._chars[bid]
+        return matched
+
     def insert(self, block_ids: Sequence[int], block_chars: Sequence[int], tenant: str) -> None:
         """Add `tenant` along the path; every node on it becomes fresh for the tenant, the root freshest."""
         self.add_tenant(tenant)

@@ -21,6 +21,8 @@ POLICIES: dict[str, str] = {
     "chwbl": "bench.peers.chwbl:make_router",
     "sglang": "bench.peers.sglang:make_router",
     "sglang_legacy": "bench.peers.sglang:make_legacy_router",
+    "vllm_router": "bench.peers.vllm_router:make_router",
+    "smg": "bench.peers.smg:make_router",
     "llmd_approx": "bench.peers.llmd:make_approx_router",
     "llmd_precise": "bench.peers.llmd:make_precise_router",
     "dynamo": "bench.peers.dynamo:make_router",

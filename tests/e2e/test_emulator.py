@@ -280,6 +280,13 @@ async def test_models_health_tokenize_and_unknown_paths() -> None:
             assert body["tokens"] == tokenize(render_chat(messages))
             assert body["count"] == len(body["tokens"])
             assert body["max_model_len"] == CONFIG.max_model_len  # the 8B pool holds 436k tokens
+        # vLLM's render endpoints (vllm-router and llm-d tokenize through them): the engine's own tokens
+        async with session.post(f"{url}/v1/chat/completions/render", json={"messages": messages}) as resp:
+            assert (await resp.json())["token_ids"] == tokenize(render_chat(messages))
+        async with session.post(f"{url}/v1/completions/render", json={"prompt": ["abcdefgh", "ab"]}) as resp:
+            assert [p["token_ids"] for p in await resp.json()] == [tokenize("abcdefgh"), tokenize("ab")]
+        async with session.post(f"{url}/v1/chat/completions/render", json={"messages": []}) as resp:
+            assert resp.status == 400
         async with session.post(f"{url}/v1/chat/completions", json={**chat("x"), "model": "alias"}) as resp:
             assert resp.status == 200
         async with session.get(f"{url}/nope") as resp:
