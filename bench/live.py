@@ -38,7 +38,7 @@ from bench.live_workloads import WORKLOADS, at_load, build, cap_output, live_req
 from bench.loadgen import LiveResult, percentile
 from bench.sim.profiles import EngineProfile, ProfileError, load_profile, scaled
 from bench.stack import Stack, StackError
-from plugin.redis_server import free_port
+from store.redis_server import free_port
 
 MODEL = "live-model"
 

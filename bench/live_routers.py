@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.stack import Stack, StackError, kvgate_command, wait_http_ok
-from plugin.redis_server import free_port
+from store.redis_server import free_port
 
 PEERS_DIR = Path(os.environ.get("KVGATE_PEERS_DIR", Path.home() / ".cache" / "kvgate-peers"))
 PEER_PYTHON = os.environ.get("KVGATE_PEER_PYTHON", "python3.12")

@@ -7,7 +7,7 @@ nominal band seats (policy.admission.default_quota, as in the simulator's kvgate
 bands share the total in the queues' priority order.
 
 Every gateway re-asserts the configured quota on every mirror refresh and at once when an acquire
-finds the hash missing (plugin/lua/quota.lua, one round trip per model): a hash lost with a Redis
+finds the hash missing (store/lua/quota.lua, one round trip per model): a hash lost with a Redis
 restart is written again within a refresh period, and until then the scripts refuse rather than
 admit without limits. The hash carries a version and an origin; an operator's run-time `HSET` of a
 limit is detected (the limits no longer match the digest the gateways wrote) and kept by every

@@ -80,21 +80,21 @@ async def render_endpoint(request: web.Request) -> web.Response:
             raise ApiError(404, f"The model `{model}` does not exist.", "model")
         if chat:
             try:
-                texts = [render_chat(body.get("messages"))]
+                token_lists = [worker.tokenizer.chat(body)]
             except TemplateError as e:
                 raise ApiError(400, str(e), "messages") from None
         elif isinstance(body.get("prompt"), str):
-            texts = [body["prompt"]]
+            token_lists = [worker.tokenizer.text(body["prompt"], True)]
         elif isinstance(body.get("prompt"), list) and all(isinstance(p, str) for p in body["prompt"]):
-            texts = body["prompt"]
+            token_lists = [worker.tokenizer.text(p, True) for p in body["prompt"]]
         else:
             raise ApiError(400, "give a prompt string or a list of strings", "prompt")
     except ApiError as e:
         return error_response(e)
     name = body.get("model") or worker.config.model
     rendered = [
-        {"request_id": f"render-{i}", "model": name, "token_ids": tokenize(t), "stream": False}
-        for i, t in enumerate(texts)
+        {"request_id": f"render-{i}", "model": name, "token_ids": tokens, "stream": False}
+        for i, tokens in enumerate(token_lists)
     ]
     return web.json_response(rendered[0] if chat else rendered)
 

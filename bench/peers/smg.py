@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 
-from bench.peers.common import CHARS_PER_TOKEN, TenantBlockTree, first_argmin
+from bench.peers.common import TenantBlockTree, first_argmin
 from bench.sim.types import ClusterView, SimRequest
+from policy.prefix import CHARS_PER_TOKEN
 
 CACHE_THRESHOLD = 0.3
 SPILL_ABS = 64

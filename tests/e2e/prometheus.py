@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.stack import stop_process, wait_http_ok
-from plugin.redis_server import free_port
+from store.redis_server import free_port
 
 BINARY = shutil.which("prometheus")
 MISSING = "prometheus is not installed (Debian: apt-get install prometheus; .ci/run installs it)"

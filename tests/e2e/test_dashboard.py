@@ -23,7 +23,7 @@ from bench.dashboard import SHIPPED, queries
 from bench.live_scenarios import filler_text
 from bench.loadgen import LiveRequest, run_open_loop
 from bench.stack import Stack
-from plugin.redis_server import free_port
+from store.redis_server import free_port
 from tests.e2e.prometheus import BINARY, MISSING, PrometheusServer, finite_values
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(BINARY is None, reason=MISSING)]

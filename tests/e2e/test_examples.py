@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 
 from bench.stack import stop_process
 from plugin.decision_log import read_recent
-from plugin.redis_server import free_port
+from store.redis_server import free_port
 from tests.e2e.harness import REPO, chat, get, poll, post, start_worker
 
 pytestmark = pytest.mark.e2e

@@ -571,6 +571,18 @@ async def test_the_gateway_follows_a_sentinel_failover(upstream: SseUpstream, tm
     try:
         replica = aioredis.Redis.from_url(f"redis://127.0.0.1:{replica_port}/0", decode_responses=True)
         await poll(lambda: _replicating(replica), 20, "the replica in sync")
+        sentinel = aioredis.Redis(host="127.0.0.1", port=sentinel_port, decode_responses=True)
+
+        async def sentinel_knows_the_replica() -> bool:
+            # a sentinel learns of replicas from the primary's INFO (every 10 s); killed before that,
+            # the primary has no replica to fail over to and no promotion ever comes
+            try:
+                return len(await sentinel.execute_command("SENTINEL", "REPLICAS", "kvg")) > 0
+            except Exception:
+                return False
+
+        await poll(sentinel_knows_the_replica, 30, "the sentinel to discover the replica")
+        await sentinel.aclose()
         gw = gateway(url, upstream, tmp_path)
         async with gateways(gw):
             assert (await send(gw.url, chat(MODEL, "before"))).status == 200
