@@ -23,13 +23,13 @@ import math
 from collections.abc import Sequence
 
 from bench.peers.common import hash64
-from bench.sim.types import ClusterView, SimRequest
+from bench.sim.types import ClusterView, NoFeedback, SimRequest
 
 DEFAULT_C = 1.25
 DEFAULT_REPLICAS = 256
 
 
-class ChwblRouter:
+class ChwblRouter(NoFeedback):
     """Ring walk past workers above ceil(c * average load)."""
 
     name = "chwbl"
@@ -87,12 +87,6 @@ class ChwblRouter:
                 return w
         # unreachable with c > 1 (some worker is always at or below the mean), kept as a guard
         return min(workers, key=lambda w: load[w])
-
-    def on_first_token(self, req: SimRequest, worker_id: str, now_s: float) -> None:
-        pass
-
-    def on_finish(self, req: SimRequest, worker_id: str, now_s: float) -> None:
-        pass
 
 
 def make_router(seed: int) -> ChwblRouter:

@@ -24,7 +24,7 @@ Match-time touches (p = 1/8) are omitted: the insert right after the decision to
 from __future__ import annotations
 
 from bench.peers.common import TenantBlockTree, first_argmin
-from bench.sim.types import ClusterView, SimRequest
+from bench.sim.types import ClusterView, NoFeedback, SimRequest
 from policy.prefix import CHARS_PER_TOKEN
 
 CACHE_THRESHOLD = 0.3
@@ -34,7 +34,7 @@ MAX_TREE_SIZE_CHARS = 2**26
 EVICTION_INTERVAL_S = 60.0
 
 
-class SglangRouter:
+class SglangRouter(NoFeedback):
     """`cache_aware` with the current (least-load) or legacy (smallest-tree) miss rule."""
 
     def __init__(
@@ -99,12 +99,6 @@ class SglangRouter:
                 self.last_reason = "miss: smallest tree"
         self.tree.insert(req.block_ids, block_chars, chosen)
         return chosen
-
-    def on_first_token(self, req: SimRequest, worker_id: str, now_s: float) -> None:
-        pass
-
-    def on_finish(self, req: SimRequest, worker_id: str, now_s: float) -> None:
-        pass
 
 
 def make_router(seed: int) -> SglangRouter:

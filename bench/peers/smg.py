@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from bench.peers.common import TenantBlockTree, first_argmin
-from bench.sim.types import ClusterView, SimRequest
+from bench.sim.types import ClusterView, NoFeedback, SimRequest
 from policy.prefix import CHARS_PER_TOKEN
 
 CACHE_THRESHOLD = 0.3
@@ -35,7 +35,7 @@ def spill_margin(mean: float) -> float:
     return min(SPILL_ABS, max(4.0, 2.0 * math.sqrt(mean)))
 
 
-class SmgRouter:
+class SmgRouter(NoFeedback):
     def __init__(self, name: str = "smg", overload_protection: bool = True) -> None:
         self.name = name
         self.overload_protection = overload_protection
@@ -87,12 +87,6 @@ class SmgRouter:
                 self.last_reason = "holder overloaded: least load" if overloaded else "miss: least load"
         self.tree.insert(req.block_ids, block_chars, chosen)
         return chosen
-
-    def on_first_token(self, req: SimRequest, worker_id: str, now_s: float) -> None:
-        pass
-
-    def on_finish(self, req: SimRequest, worker_id: str, now_s: float) -> None:
-        pass
 
 
 def make_router(seed: int) -> SmgRouter:

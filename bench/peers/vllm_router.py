@@ -19,7 +19,7 @@ block counts 0 tokens), weights in tokens.
 from __future__ import annotations
 
 from bench.peers.common import TenantBlockTree, first_argmin
-from bench.sim.types import ClusterView, SimRequest
+from bench.sim.types import ClusterView, NoFeedback, SimRequest
 
 CACHE_THRESHOLD = 0.3
 BALANCE_ABS_THRESHOLD = 64
@@ -28,7 +28,7 @@ MAX_TREE_SIZE_TOKENS = 2**25 // 8
 EVICTION_INTERVAL_S = 120.0
 
 
-class VllmRouter:
+class VllmRouter(NoFeedback):
     def __init__(self, name: str = "vllm_router") -> None:
         self.name = name
         self.tree = TenantBlockTree()
@@ -58,12 +58,6 @@ class VllmRouter:
             self.last_reason = "imbalanced" if imbalanced else "miss: least load"
         self.tree.insert(req.block_ids, req.block_tokens, chosen)
         return chosen
-
-    def on_first_token(self, req: SimRequest, worker_id: str, now_s: float) -> None:
-        pass
-
-    def on_finish(self, req: SimRequest, worker_id: str, now_s: float) -> None:
-        pass
 
 
 def make_router(seed: int) -> VllmRouter:

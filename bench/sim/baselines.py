@@ -8,19 +8,11 @@ from __future__ import annotations
 
 import random
 
-from bench.sim.types import ClusterView, SimRequest
+from bench.sim.types import ClusterView, NoFeedback, SimRequest
 from policy.baselines import least_loaded, round_robin
 
 
-class _NoHooks:
-    def on_first_token(self, req: SimRequest, worker_id: str, now_s: float) -> None:
-        pass
-
-    def on_finish(self, req: SimRequest, worker_id: str, now_s: float) -> None:
-        pass
-
-
-class RoundRobin(_NoHooks):
+class RoundRobin(NoFeedback):
     """Workers in registry order, one after another."""
 
     name = "round_robin"
@@ -34,7 +26,7 @@ class RoundRobin(_NoHooks):
         return worker
 
 
-class RandomRouter(_NoHooks):
+class RandomRouter(NoFeedback):
     """A uniformly random worker from a seeded generator."""
 
     name = "random"
@@ -46,7 +38,7 @@ class RandomRouter(_NoHooks):
         return self._rng.choice(list(cluster.worker_ids))
 
 
-class LeastInflight(_NoHooks):
+class LeastInflight(NoFeedback):
     """The worker with the fewest requests dispatched and not finished; ties go to registry order."""
 
     name = "least_inflight"

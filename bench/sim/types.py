@@ -106,3 +106,13 @@ class Router(Protocol):
     def on_first_token(self, req: SimRequest, worker_id: str, now_s: float) -> None: ...
 
     def on_finish(self, req: SimRequest, worker_id: str, now_s: float) -> None: ...
+
+
+class NoFeedback:
+    """For routers that keep no per-request state: the `Router` feedback hooks do nothing."""
+
+    def on_first_token(self, req: SimRequest, worker_id: str, now_s: float) -> None:
+        pass
+
+    def on_finish(self, req: SimRequest, worker_id: str, now_s: float) -> None:
+        pass
