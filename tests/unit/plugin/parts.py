@@ -1,8 +1,8 @@
 """A `GatewayContext` of real services for the per-part tests (test_intake.py, test_admit.py, ...).
 
 A part under test gets the same bundle the addon builds, over the test's embedded Redis, without
-the addon itself: no mitmproxy options, no background tasks except the mirror's refresh, which the
-test drives (`await ctx.workers.mirror.refresh()`)."""
+the addon itself: no mitmproxy options, no background task but the release loop; the test drives the
+mirror (`await ctx.workers.mirror.refresh()`)."""
 
 from __future__ import annotations
 
@@ -48,8 +48,13 @@ async def gateway_context(
             metrics=metrics,
             process=process,
         )
-        yield GatewayContext(
-            gateway_id="t", config=cfg, auth=Auth(cfg), metrics=metrics, workers=WorkerPool(mirror),
-            router=router, hasher=PromptHasher(), pool=pool, releaser=Releaser(pool),
-            pressure=PressureTracker(), decisions=DecisionLog(None), process=process, local=local,
-        )  # fmt: skip
+        releaser = Releaser(pool)
+        await releaser.start()
+        try:
+            yield GatewayContext(
+                gateway_id="t", config=cfg, auth=Auth(cfg), metrics=metrics, workers=WorkerPool(mirror),
+                router=router, hasher=PromptHasher(), pool=pool, releaser=releaser,
+                pressure=PressureTracker(), decisions=DecisionLog(None), process=process, local=local,
+            )  # fmt: skip
+        finally:
+            await releaser.close()
