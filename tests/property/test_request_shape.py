@@ -6,6 +6,8 @@ through but the renderer cannot render would be a 500 at the gateway; hypothesis
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -55,26 +57,24 @@ COMPLETION = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=600, deadline=None)
-@given(body=CHAT)
-def test_a_chat_body_is_refused_or_rendered(body: dict[str, object]) -> None:
+CASES = st.one_of(
+    CHAT.map(lambda body: (check_chat, chat_text, body)),
+    COMPLETION.map(lambda body: (check_completion, completion_text, body)),
+)
+
+
+@settings(max_examples=900, deadline=None)
+@given(case=CASES)
+def test_a_body_is_refused_or_rendered(
+    case: tuple[Callable[..., None], Callable[..., str], dict[str, object]],
+) -> None:
+    check, render, body = case
     try:
-        check_chat(body)
+        check(body)
     except InvalidRequest as e:
         assert e.status == 400 and e.code
         return
-    assert chat_text(body) == canonical_text(body)
-
-
-@settings(max_examples=300, deadline=None)
-@given(body=COMPLETION)
-def test_a_completion_body_is_refused_or_rendered(body: dict[str, object]) -> None:
-    try:
-        check_completion(body)
-    except InvalidRequest as e:
-        assert e.status == 400 and e.code
-        return
-    assert completion_text(body) == canonical_text(body)
+    assert render(body) == canonical_text(body)
 
 
 def test_limits_give_413_and_too_many_messages() -> None:
