@@ -38,7 +38,10 @@ class WorkerProbe:
         except aiohttp.ClientConnectorError:
             self.counts["probe_errors"] += 1
             return Probe(healthy=False, load=None, down=True)
-        except (aiohttp.ClientError, TimeoutError):
+        except TimeoutError:  # before ClientError: aiohttp's ServerTimeoutError is both
+            self.counts["probe_errors"] += 1
+            return Probe(healthy=False, load=None, timed_out=True)
+        except aiohttp.ClientError:
             self.counts["probe_errors"] += 1
             return Probe(healthy=False, load=None)
         if status >= 300:

@@ -1,9 +1,9 @@
 """The endpoint table: one entry per OpenAI endpoint kvgate admits and routes.
 
 An entry says everything the request path needs to know about an endpoint: its path; how its own
-body fields are validated (the fields every completion shares are parse.py's); how its prefix is
-rendered for approximate hashing (policy/prefix.py); how it is tokenized in exact mode (the worker's
-/tokenize body, plugin/tokenize.py); and how usage is requested from a stream and metered. Adding
+body fields are validated (the fields every completion shares are parse.py's) and how its prefix is
+rendered for approximate hashing (both by policy/request.py); how it is tokenized in exact mode (the
+worker's /tokenize body, plugin/tokenize.py); and how usage is requested from a stream and metered. Adding
 `/v1/responses` or `/v1/embeddings` is one entry here and its tests.
 """
 
@@ -18,7 +18,7 @@ from plugin.config import LimitsSection
 from plugin.errors import GatewayError
 from plugin.streaming import Usage, meter_json_body
 from plugin.tokenize import TokenizeRequest, chat_tokenize_request, completion_tokenize_request
-from policy.prefix import ROLES, chat_text, completion_text
+from policy.request import InvalidRequest, chat_text, check_chat, check_completion, completion_text
 
 LocalEndpoint = Literal["models", "healthz", "readyz", "metrics"]
 
@@ -47,72 +47,22 @@ def with_usage_requested(raw: bytes, body: dict[str, object]) -> bytes:
     return json.dumps({**body, "stream_options": {**options, "include_usage": True}}).encode()
 
 
-def _check_messages(messages: object, limits: LimitsSection) -> None:
-    if not isinstance(messages, list) or not messages:
-        raise GatewayError(400, "missing_messages", "'messages' must be a non-empty array", param="messages")
-    if len(messages) > limits.max_messages:
-        raise GatewayError(
-            400,
-            "too_many_messages",
-            f"{len(messages)} messages; limit {limits.max_messages}",
-            param="messages",
-        )
-    chars = 0
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise GatewayError(400, "invalid_message", f"messages[{i}] must be an object", param="messages")
-        role = message.get("role")
-        if role not in ROLES:
-            raise GatewayError(400, "invalid_role", f"messages[{i}].role must be one of {sorted(ROLES)}")
-        content = message.get("content")
-        if isinstance(content, str):
-            chars += len(content)
-        elif isinstance(content, list):
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                    raise GatewayError(
-                        400, "invalid_content", f"messages[{i}].content[{j}] must be an object with a 'type'"
-                    )
-                text = part.get("text")
-                chars += len(text) if isinstance(text, str) else 0
-        elif content is not None:
-            raise GatewayError(400, "invalid_content", f"messages[{i}].content must be a string or an array")
-    if chars > limits.max_prompt_chars:
-        raise GatewayError(
-            413, "prompt_too_large", f"prompt has {chars} characters; limit {limits.max_prompt_chars}"
-        )
-
-
-def _check_prompt(prompt: object, limits: LimitsSection) -> None:
-    if isinstance(prompt, str):
-        size = len(prompt)
-    elif isinstance(prompt, list) and prompt:
-        if all(isinstance(p, str) for p in prompt):
-            size = sum(len(p) for p in prompt)
-        elif all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
-            size = len(prompt) * 4
-        elif all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
-            size = sum(len(p) for p in prompt) * 4
-        else:
-            raise GatewayError(
-                400, "invalid_prompt", "'prompt' must be a string, strings, or token ids", param="prompt"
-            )
-    else:
-        raise GatewayError(
-            400, "missing_prompt", "'prompt' must be a non-empty string or array", param="prompt"
-        )
-    if size > limits.max_prompt_chars:
-        raise GatewayError(
-            413, "prompt_too_large", f"prompt has {size} characters; limit {limits.max_prompt_chars}"
-        )
+def _checked(check: Callable[[], None]) -> None:
+    """Run a shape check of policy/request.py; its InvalidRequest as the client's error."""
+    try:
+        check()
+    except InvalidRequest as e:
+        raise GatewayError(e.status, e.code, str(e), param=e.param) from None
 
 
 def _check_chat(body: dict[str, Any], limits: LimitsSection) -> None:
-    _check_messages(body.get("messages"), limits)
+    _checked(
+        lambda: check_chat(body, max_messages=limits.max_messages, max_prompt_chars=limits.max_prompt_chars)
+    )
 
 
 def _check_completion(body: dict[str, Any], limits: LimitsSection) -> None:
-    _check_prompt(body.get("prompt"), limits)
+    _checked(lambda: check_completion(body, max_prompt_chars=limits.max_prompt_chars))
 
 
 # name, path, check_body, prefix_text, tokenize_request, request_usage, meter_body

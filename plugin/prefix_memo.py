@@ -1,6 +1,6 @@
 """Prefix hashing with the hash chain memoized, so a prefix many requests share is hashed once.
 
-`PromptHasher.hash_prompt` returns exactly what `hash_prompt` below does (policy.prefix's
+`PromptHasher.hash_prompt` returns exactly what `hash_prompt` below does (policy.request's
 canonical text cut into `chunk_chars` chunks, hash_i = blake2b(hash_{i-1} ‖ chunk_i); the property
 test in tests/property/test_prefix_memo.py holds them equal) but keeps each step's input bytes ->
 digest in a bounded dict. A step seen before (a shared system prompt, a conversation's history)
@@ -19,14 +19,8 @@ from dataclasses import dataclass
 from hashlib import blake2b
 
 from plugin.flow import Prompt
-from policy.prefix import (
-    CHARS_PER_TOKEN,
-    DEFAULT_MAX_BLOCKS,
-    _seed,
-    canonical_text,
-    chunk_tokens,
-    text_block_hashes,
-)  # fmt: skip
+from policy.prefix import CHARS_PER_TOKEN, DEFAULT_MAX_BLOCKS, _seed, chunk_tokens, text_block_hashes
+from policy.request import canonical_text
 
 RecentKey = tuple[str, int, str]
 

@@ -1,8 +1,9 @@
 """Static workers: URLs given to the gateway itself (`kvgate proxy --worker URL`), with no agent beside them.
 
-The gateway registers each one in the shared registry (store/registry.py) and keeps its lease alive
-only while the worker answers a health check (GET /health every `period_s`), so a dead static worker
-leaves the pool after its lease expires exactly like an agent-managed one. The model comes from the
+The gateway registers each one in the shared registry (store/registry.py) and renews its lease after
+each health check (GET /health every `period_s`) by the same rule the agents apply
+(policy/liveness.py), so a dead static worker leaves the pool after its lease expires exactly like
+an agent-managed one. The model comes from the
 `--model` option or, when absent, the worker's own GET /v1/models.
 """
 
@@ -12,7 +13,6 @@ import asyncio
 import logging
 import math
 import re
-import time
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from plugin.mirror import wall_ms
+from policy.liveness import Liveness, ProbeOutcome
 from runtime.tasks import cancel_and_wait, spawn
 from store import registry
 from store.registry import WorkerRecord
@@ -54,12 +55,10 @@ class StaticWorkers:
         self.period_s = period_s
         self.lease_ms = int(period_s * lease_periods * 1000)
         self.health_timeout_s = health_timeout_s
-        # A health check that times out is not a refusal: under load the gateway's own event loop is
-        # often what is slow, and dropping the worker then turns overload into 503s. A worker that
-        # answered within the last `slow_grace_s` keeps its lease through timeouts; a refused
-        # connection or an error status ends renewal at once.
-        self.slow_grace_s = slow_grace_s
-        self._last_healthy: dict[str, float] = {}  # url -> monotonic time of its last healthy answer
+        # Timeouts are tolerated for `slow_grace_s` worth of periods (the gateway's own loop is often
+        # what is slow); a refused connection or an error status ends renewal at once.
+        slow_periods = max(1, math.ceil(slow_grace_s / period_s))
+        self._liveness = {url: Liveness(fail_periods=1, slow_periods=slow_periods) for url in self.urls}
         self.models: dict[str, tuple[str, ...]] = {}  # url -> models it serves (once known)
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
@@ -83,13 +82,7 @@ class StaticWorkers:
         await asyncio.gather(*(self._check(url) for url in self.urls))
 
     async def _check(self, url: str) -> None:
-        healthy = await self._healthy(url)
-        now_mono = time.monotonic()
-        if healthy:
-            self._last_healthy[url] = now_mono
-        elif healthy is None and now_mono - self._last_healthy.get(url, -math.inf) <= self.slow_grace_s:
-            pass  # slow to answer, not gone: keep renewing for now
-        else:
+        if not self._liveness[url].observe(await self._probe(url)):
             return  # no renewal: the lease runs out and routing stops
         models = self.models.get(url) or await self._discover(url)
         if not models:
@@ -116,16 +109,17 @@ class StaticWorkers:
         except (RedisError, OSError, registry.RegistrationRefused) as e:
             logger.warning("static worker %s: registry update failed: %s", url, e)
 
-    async def _healthy(self, url: str) -> bool | None:
-        """True: healthy; False: refused or an error status; None: no answer within the timeout."""
+    async def _probe(self, url: str) -> ProbeOutcome:
         assert self._session is not None
         try:
             async with self._session.get(f"{url}/health") as resp:
-                return resp.status < 300
-        except TimeoutError:
-            return None
+                return ProbeOutcome.HEALTHY if resp.status < 300 else ProbeOutcome.FAILED
+        except TimeoutError:  # before ClientError: aiohttp's ServerTimeoutError is both
+            return ProbeOutcome.SLOW
+        except (aiohttp.ClientConnectorError, ConnectionRefusedError):
+            return ProbeOutcome.REFUSED
         except (aiohttp.ClientError, OSError):
-            return False
+            return ProbeOutcome.FAILED
 
     async def _discover(self, url: str) -> tuple[str, ...]:
         if self.model:

@@ -1,9 +1,10 @@
 """Prefix hashing shared by the gateway and the simulator: request → chained block hashes.
 
 Two modes (DESIGN.md, "Two prefix-index modes"):
-  approximate  `canonical_text(body)` renders an OpenAI request so that the same tools + system prompt +
-               history give the same leading characters; `text_block_hashes` cuts it into fixed chunks of
-               `chunk_chars` characters (tail chunk included) and chains a 64-bit hash over them.
+  approximate  `canonical_text(body)` (policy/request.py) renders an OpenAI request so that the same
+               tools + system prompt + history give the same leading characters; `text_block_hashes`
+               cuts it into fixed chunks of `chunk_chars` characters (tail chunk included) and
+               chains a 64-bit hash over them.
   exact        `token_block_hashes` chains a hash over full blocks of `block_size` token ids (the engine
                caches only full blocks, so the tail is left out).
 
@@ -15,142 +16,17 @@ prompt hashes in ~0.03 ms (see docs/ROUTING.md).
 
 from __future__ import annotations
 
-import json
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from hashlib import blake2b
 
 CHARS_PER_TOKEN = 4  # rough estimate for English text; only used to weigh approximate blocks
 DEFAULT_CHUNK_CHARS = 256  # 64 tokens per approximate block
 DEFAULT_MAX_BLOCKS = 512  # 128k characters ≈ 32k tokens; later text does not change routing
-# the chat roles an OpenAI request may carry (the gateway refuses others: plugin/endpoints.py)
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
 def _seed(model: str) -> bytes:
     return blake2b(b"kvgate\x00" + model.encode(), digest_size=8).digest()
-
-
-def _json(value: object) -> str:
-    """Key-order- and whitespace-independent JSON, the canonical form of structured fields."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def _content_text(content: object, where: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ValueError(f"{where}.content must be a string, a list of content parts or null")
-    out: list[str] = []
-    for i, part in enumerate(content):
-        if isinstance(part, str):  # lenient: some clients send bare strings in the list
-            out.append(part)
-            continue
-        if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
-            raise ValueError(f"{where}.content[{i}] must be an object with a string 'type'")
-        kind = part["type"]
-        if kind in ("text", "input_text"):
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise ValueError(f"{where}.content[{i}].text must be a string")
-            out.append(text)
-        elif kind == "image_url":
-            ref = part.get("image_url")
-            url = ref.get("url") if isinstance(ref, Mapping) else ref
-            if not isinstance(url, str):
-                raise ValueError(f"{where}.content[{i}].image_url.url must be a string")
-            out.append(f"<image:{url}>")
-        else:  # input_audio, file, ...: canonical JSON stands for the part
-            out.append(f"<{kind}:{_json(part)}>")
-    return "".join(out)
-
-
-def _message_text(msg: object, where: str) -> str:
-    if not isinstance(msg, Mapping):
-        raise ValueError(f"{where} must be an object")
-    role = msg.get("role")
-    if not isinstance(role, str) or role not in ROLES:
-        raise ValueError(f"{where}.role must be one of {sorted(ROLES)}, not {role!r}")
-    head = f"<|{role}"
-    name = msg.get("name")
-    if name is not None:
-        if not isinstance(name, str):
-            raise ValueError(f"{where}.name must be a string")
-        head += f" name={name}"
-    call_id = msg.get("tool_call_id")
-    if call_id is not None:
-        if not isinstance(call_id, str):
-            raise ValueError(f"{where}.tool_call_id must be a string")
-        head += f" call={call_id}"
-    text = _content_text(msg.get("content"), where)
-    calls = msg.get("tool_calls")
-    if calls is not None:
-        if not isinstance(calls, list):
-            raise ValueError(f"{where}.tool_calls must be a list")
-        for j, call in enumerate(calls):
-            fn = call.get("function") if isinstance(call, Mapping) else None
-            if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-                raise ValueError(f"{where}.tool_calls[{j}].function.name must be a string")
-            args = fn.get("arguments", "")
-            args_text = args if isinstance(args, str) else _json(args)
-            text += f"<call {call.get('id', '')} {fn['name']}>{args_text}"
-    reasoning = msg.get("reasoning_content")
-    if isinstance(reasoning, str):
-        text = f"<think>{reasoning}</think>" + text
-    return f"{head}|>{text}\n"
-
-
-def canonical_text(body: Mapping[str, object]) -> str:
-    """Canonical rendering of an OpenAI chat or completions request body for approximate prefix hashing:
-    `chat_text` when it has `messages`, else `completion_text`. Raises ValueError naming the offending
-    field when the body is not a valid request."""
-    if not isinstance(body, Mapping):
-        raise ValueError("request body must be a JSON object")
-    if "messages" in body:
-        return chat_text(body)
-    if "prompt" in body:
-        return completion_text(body)
-    raise ValueError("request has neither 'messages' (chat) nor 'prompt' (completions)")
-
-
-def chat_text(body: Mapping[str, object]) -> str:
-    """A chat request: `tools` (canonical JSON, first: they act like a system prompt), then each message
-    as `<|role name=.. call=..|>content<call id fn>args\n`."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("messages must be a non-empty list")
-    parts: list[str] = []
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise ValueError("tools must be a list")
-        parts.append(f"<|tools|>{_json(tools)}\n")
-    parts.extend(_message_text(m, f"messages[{i}]") for i, m in enumerate(messages))
-    return "".join(parts)
-
-
-def completion_text(body: Mapping[str, object]) -> str:
-    """A completions request: `prompt` as text, token ids as `<tokens:1,2,3>`."""
-    return _prompt_text(body.get("prompt"))
-
-
-def _is_token_list(value: object) -> bool:
-    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-
-
-def _prompt_text(prompt: object) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt:
-        if _is_token_list(prompt):
-            return "<tokens:" + ",".join(map(str, prompt)) + ">"
-        if all(isinstance(p, str) for p in prompt):
-            return "\n".join(p for p in prompt if isinstance(p, str))
-        if all(_is_token_list(p) for p in prompt):
-            return "\n".join("<tokens:" + ",".join(map(str, p)) + ">" for p in prompt if isinstance(p, list))
-    raise ValueError("prompt must be a string, a list of strings or token ids, or a list of token-id lists")
 
 
 def text_block_hashes(

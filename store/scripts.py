@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+from cachetools import LRUCache
 from redis.exceptions import NoScriptError
 
 from policy.admission import (
@@ -92,7 +93,8 @@ class AdmissionScripts:
             name: load(f"{name}.lua", prelude="common.lua") for name in self.NAMES
         }
         self._fast = RespChannel.for_client(redis)
-        self._heads: dict[tuple[str, str, str | None], Head] = {}  # EVALSHA sha numkeys keys.. channel
+        # EVALSHA sha numkeys keys.. per (script, model, worker); bounded for many models or one-off workers
+        self._heads: LRUCache[tuple[str, str, str | None], Head] = LRUCache(maxsize=10_000)
 
     async def aclose(self) -> None:
         """Close the dedicated connection (the redis-py client is the caller's to close)."""
@@ -115,8 +117,6 @@ class AdmissionScripts:
     def _head(self, name: str, model: str, worker: str | None) -> Head:
         first = self._heads.get((name, model, worker))
         if first is None:
-            if len(self._heads) > 10_000:  # bounded: many models or one-off workers
-                self._heads.clear()
             keys_ = _model_keys(model, worker)
             first = self._heads[(name, model, worker)] = head(
                 "EVALSHA", self._scripts[name].sha, len(keys_), *keys_

@@ -15,8 +15,9 @@ from policy.filters import Eligible
 from policy.index import PrefixIndex
 from policy.kvgate import KvgatePolicy
 from policy.pickers import MaxScore
-from policy.prefix import canonical_text, text_block_hashes
+from policy.prefix import text_block_hashes
 from policy.profile import Profile
+from policy.request import canonical_text
 from policy.scorers import (
     ColdStart,
     KvFree,

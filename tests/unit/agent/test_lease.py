@@ -24,6 +24,7 @@ OK = Probe(healthy=True, load=load())
 FAIL = Probe(healthy=False, load=None)
 DOWN = Probe(healthy=False, load=None, down=True)
 NO_METRICS = Probe(healthy=True, load=None)
+SLOW = Probe(healthy=False, load=None, timed_out=True)
 
 
 def registered_keeper(**kwargs: int) -> LeaseKeeper:
@@ -60,12 +61,16 @@ def test_nothing_happens_before_the_worker_is_reachable() -> None:
         pytest.param(
             [FAIL] * 4, [["heartbeat"], ["heartbeat"], ["suspend"], []], id="suspended once, then silent"
         ),
+        pytest.param([DOWN, DOWN], [["suspend"], []], id="a refused connection suspends at once"),
+        pytest.param(
+            [SLOW] * 3, [["heartbeat"], ["heartbeat"], ["suspend"]], id="timeouts count like failures"
+        ),
     ],
 )
 def test_failures_stop_renewal_after_fail_periods(probes: list[Probe], actions: list[list[str]]) -> None:
     keeper = registered_keeper(fail_periods=3)
     assert [keeper.observe(p) for p in probes] == actions
-    assert keeper.renewing is (len(probes) < 3)
+    assert keeper.renewing is (actions[-1] == ["heartbeat"])
 
 
 @pytest.mark.parametrize(

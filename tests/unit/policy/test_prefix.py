@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from policy.prefix import canonical_text, text_block_hashes, token_block_hashes
+from policy.prefix import text_block_hashes, token_block_hashes
+from policy.request import canonical_text
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant." * 20}
 
