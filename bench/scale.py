@@ -35,6 +35,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,45 @@ def command_counts(client: redis_sync.Redis) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in client.info("commandstats").items()}
 
 
+class MonitorCount:
+    """Commands clients sent (round trips; a pipeline's commands count one each) and commands run inside
+    scripts, from MONITOR on a connection of its own, in a thread."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis_sync.Redis.from_url(url, socket_timeout=0.5)
+        self.top = self.lua = 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> MonitorCount:
+        self.thread.start()
+        time.sleep(0.2)
+        return self
+
+    def _run(self) -> None:
+        with self.client.monitor() as m:
+            while not self.done.is_set():
+                try:
+                    cmd = m.next_command()
+                except (redis_sync.TimeoutError, redis_sync.ConnectionError):
+                    continue
+                if cmd.get("client_type") == "lua":
+                    self.lua += 1
+                else:
+                    self.top += 1
+
+    def stop(self) -> tuple[int, int]:
+        self.done.set()
+        self.thread.join(5)
+        self.client.close()
+        return self.top, self.lua
+
+
+def idle_top_rate(idle_rate: float, commands: int, top: int) -> float:
+    """The idle command rate scaled to client commands (the idle share is assumed alike in both)."""
+    return idle_rate * top / commands if commands else 0.0
+
+
 def redis_per_request(stack: Stack, gateway_url: str, requests: int, body: dict[str, Any]) -> dict[str, Any]:
     """Commands and bytes per request through one gateway, less its idle traffic over the same time."""
     import urllib.request
@@ -184,6 +224,7 @@ def redis_per_request(stack: Stack, gateway_url: str, requests: int, body: dict[
     c1, b1 = redis_counters(client)
     idle_cmd_rate, idle_byte_rate = (c1 - c0) / idle_s, (b1 - b0) / idle_s
     client.config_resetstat()
+    trips = MonitorCount(stack.redis_url).start()
     c0, b0 = redis_counters(client)
     data = json.dumps(body).encode()
     started = time.perf_counter()
@@ -195,13 +236,17 @@ def redis_per_request(stack: Stack, gateway_url: str, requests: int, body: dict[
     time.sleep(0.3)  # the batched index write and the release land
     elapsed = time.perf_counter() - started
     c1, b1 = redis_counters(client)
+    top, in_scripts = trips.stop()
     counts = command_counts(client)
     client.close()
     cmds = max(0.0, (c1 - c0) - idle_cmd_rate * elapsed) / requests
+    round_trips = max(0.0, top - idle_top_rate(idle_cmd_rate, c1 - c0, top) * elapsed) / requests
     sent = max(0.0, (b1 - b0) - idle_byte_rate * elapsed) / requests
     by_name = {k: v / requests for k, v in sorted(counts.items())}  # idle traffic included
     return {
-        "round_trips_per_request": cmds,
+        "round_trips_per_request": round_trips,
+        "commands_per_request": cmds,
+        "script_commands_per_request": in_scripts / requests,
         "redis_bytes_per_request": sent,
         "redis_idle_commands_per_s": idle_cmd_rate,
         "redis_commands_by_name_per_request": by_name,
@@ -309,7 +354,9 @@ def main(argv: list[str]) -> int:
         stack.stop_process("gateway-rt")
         print(f"redis: {report['redis_bytes_per_worker']:.0f} B per registered worker, "
               f"{report['redis_bytes_per_index_entry']:.0f} B per index entry; per request "
-              f"{report['round_trips_per_request']:.2f} commands, {report['redis_bytes_per_request']:.0f} B "
+              f"{report['round_trips_per_request']:.2f} round trips "
+              f"({report['commands_per_request']:.1f} commands incl. scripts'), "
+              f"{report['redis_bytes_per_request']:.0f} B "
               f"(idle: {report['redis_idle_commands_per_s']:.1f} commands/s)", flush=True)  # fmt: skip
         for n in (int(x) for x in args.processes.split(",") if x):
             point = processes_point(n, stack.redis_url, upstream_url, config, args, Path(tmp))
