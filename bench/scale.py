@@ -82,12 +82,14 @@ def fleet(n: int, capacity_blocks: int) -> list[WorkerRecord]:
     ]
 
 
-def decision_point(workers: int, entries: int, decisions: int, seed: int = 1) -> dict[str, Any]:
+def decision_point(
+    workers: int, entries: int, decisions: int, seed: int = 1, candidates_limit: int = 0
+) -> dict[str, Any]:
     """p50/p99 of one `Router.choose` with `workers` workers and `entries` mirrored index entries."""
     rng = random.Random(seed)
     per_worker = max(CHAIN_BLOCKS, entries // workers)
     # the index is sized in blocks per token of the section's chunking; give each worker room for its share
-    section = RoutingSection()
+    section = RoutingSection(candidates_limit=candidates_limit) if candidates_limit else RoutingSection()
     router = Router(section)
     routing = router.model(MODEL)
     capacity_tokens = int(2 * per_worker / routing.blocks_per_token)
@@ -320,6 +322,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workers", default="8,100,1000", help="comma-separated worker counts")
     parser.add_argument("--entries", default="10000,1000000,10000000", help="comma-separated index sizes")
     parser.add_argument("--decisions", type=int, default=2000, help="timed decisions per point")
+    parser.add_argument(
+        "--candidates-limit", type=int, default=0,
+        help="routing.candidates_limit for the decision points (0: the default; 100000: score every worker)",
+    )  # fmt: skip
     parser.add_argument("--processes", default="1,2,4", help="comma-separated gateway process counts")
     parser.add_argument("--seconds", type=float, default=6.0, help="closed loop per process count")
     parser.add_argument("--concurrency", type=int, default=32, help="closed-loop clients")
@@ -329,7 +335,7 @@ def main(argv: list[str]) -> int:
     report: dict[str, Any] = {"decision": [], "processes": []}
     for entries in (int(x) for x in args.entries.split(",")):
         for workers in (int(x) for x in args.workers.split(",")):
-            point = decision_point(workers, entries, args.decisions)
+            point = decision_point(workers, entries, args.decisions, candidates_limit=args.candidates_limit)
             report["decision"].append(point)
             print(f"decision: {workers:>5} workers {point['index_entries']:>9} entries  p50 "
                   f"{point['p50'] * 1e3:.3f} ms  p99 {point['p99'] * 1e3:.3f} ms  mirror "
