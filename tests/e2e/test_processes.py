@@ -69,6 +69,21 @@ async def session_per_process(url: str, want: int, tries: int = 60) -> dict[str,
     raise AssertionError(f"only {sorted(found)} answered on {url} after {tries} connections")
 
 
+async def sessions_once_all_serve(url: str, want: int, timeout_s: float) -> dict[str, aiohttp.ClientSession]:
+    """`session_per_process`, retried until every process listens (they start at their own pace)."""
+    found: dict[str, aiohttp.ClientSession] = {}
+
+    async def all_serve() -> bool:
+        try:
+            found.update(await session_per_process(url, want, tries=20))
+        except AssertionError:
+            return False
+        return True
+
+    await poll(all_serve, timeout_s, f"{want} processes to serve on {url}", interval_s=0.2)
+    return found
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="SO_REUSEPORT balancing and /proc are Linux's")
 async def test_two_processes_share_a_port_and_a_quota_and_one_killed_comes_back(
     redis_url: str, redis: aioredis.Redis, tmp_path: Path
@@ -82,7 +97,7 @@ async def test_two_processes_share_a_port_and_a_quota_and_one_killed_comes_back(
     try:
         async with gateways(gw):
             assert gw.proc is not None
-            sessions = await session_per_process(gw.url, 2)
+            sessions = await sessions_once_all_serve(gw.url, 2, 30)
             assert sorted(sessions) == ["sup-p0", "sup-p1"]
             first, second = sessions["sup-p0"], sessions["sup-p1"]
             live = await first.post(f"{gw.url}/v1/chat/completions", json=chat(MODEL, "hold", stream=True))
@@ -105,17 +120,8 @@ async def test_two_processes_share_a_port_and_a_quota_and_one_killed_comes_back(
                 return now.get("sup-p1", before["sup-p1"]) != before["sup-p1"]
 
             await poll(restarted, 10, "the killed process to be started again")
-
-            async def both_serve() -> bool:
-                try:
-                    again = await session_per_process(gw.url, 2, tries=20)
-                except AssertionError:
-                    return False
-                for session in again.values():
-                    await session.close()
-                return True
-
-            await poll(both_serve, 20, "the restarted process to serve", interval_s=0.2)
+            for session in (await sessions_once_all_serve(gw.url, 2, 30)).values():  # it serves again
+                await session.close()
             async with aiohttp.ClientSession() as session:
                 body = chat(MODEL, "after", stream=True)
                 async with session.post(f"{gw.url}/v1/chat/completions", json=body) as resp:
