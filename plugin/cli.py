@@ -27,6 +27,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "exact mode: local tokenizer cost and event-loop stall",
     ),
     ("bench", "live"): ("bench.live:main", "kvgate and the real peer routers on the same emulated workers"),
+    ("bench", "scale"): ("bench.scale:main", "decision time vs workers and index, Redis cost, processes"),
 }
 
 

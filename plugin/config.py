@@ -222,6 +222,10 @@ class RoutingSection:
     # exact mode: insert a routed request's blocks into this gateway's mirror at once (not into Redis),
     # until the worker's KV events confirm or remove them; false = only what the agents report
     exact_speculative: bool = True
+    # fleets above candidates_limit workers: a decision scores the prefix's holders (at most that many)
+    # plus candidates_sample random others, not every worker (policy/candidates.py; docs/ROUTING.md)
+    candidates_limit: int = 64
+    candidates_sample: int = 16
     # tuning of the kvgate / article policy: policy/config.py RoutingConfig fields (docs/ROUTING.md)
     tuning: dict[str, object] = field(default_factory=dict)
 
@@ -233,6 +237,8 @@ class RoutingSection:
         _at_least("routing.exact_block_size", self.exact_block_size, 0)
         _at_least("routing.tokenize_timeout_ms", self.tokenize_timeout_ms, 1)
         _at_least("routing.tokenize_cache_entries", self.tokenize_cache_entries, 0)
+        _at_least("routing.candidates_limit", self.candidates_limit, 1)
+        _at_least("routing.candidates_sample", self.candidates_sample, 1)
         self.policy_config()  # validate the tuning table now
 
     def policy_config(self) -> RoutingConfig:

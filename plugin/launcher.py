@@ -1,6 +1,6 @@
 """`kvgate proxy`: run mitmdump in reverse mode with the kvgate addon registered in code.
 
-    kvgate proxy [--config FILE] [--listen-host H] [--listen-port P] [--redis URL]
+    kvgate proxy [--config FILE] [--listen-host H] [--listen-port P] [--redis URL] [--processes N]
                  [--worker URL ...] [--model M] [--gateway-id ID] [-- MITMDUMP ARGS...]
 
 `KvGateMaster` adds `KvGate` in its constructor (MITMPROXY.md §5), so `--set kvgate_*` work and no
@@ -8,7 +8,8 @@ script hot-reload can drop the gateway's state. It sets the defaults a gateway n
 command line is parsed (anything after `--` still overrides them): lazy upstream connections, a long
 idle timeout for silent generations, no onboarding app, no public-IP block, a private writable
 confdir, and a request body limit above the config's own (so kvgate answers most oversize bodies
-with its JSON 413). With no --redis the addon starts an embedded redis-server.
+with its JSON 413). With no --redis the addon starts an embedded redis-server. With --processes N > 1
+a supervisor runs N such gateways on the port (SO_REUSEPORT) and one Redis (plugin/supervisor.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from mitmproxy.tools.main import run
 from plugin.addon import KvGate
 from plugin.config import ConfigError, load_config
 from plugin.lean_chain import drop_idle_addons
+from plugin.supervisor import enable_reuse_port, run_supervisor
 from runtime import compat
 
 FALLBACK_UPSTREAM = "http://127.0.0.1:1"  # never used: every request is answered or rerouted
@@ -83,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gateway-id", default="", help="this gateway's name (default hostname-pid)")
     parser.add_argument("--confdir", default="", help="mitmproxy confdir (default: a private temp dir)")
     parser.add_argument("--log-connections", action="store_true", help="log every client connect/disconnect")
+    parser.add_argument(
+        "--processes", type=int, default=1,
+        help="gateway processes on this port (SO_REUSEPORT, one event loop each, one Redis; default 1)",
+    )  # fmt: skip
+    parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # a supervisor's child
     parser.add_argument("mitmdump_args", nargs="*", help="after --: extra mitmdump arguments")
     return parser
 
@@ -116,6 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"kvgate proxy: invalid config: {e}", file=sys.stderr)
         return 2
+    if args.processes < 1:
+        print("kvgate proxy: --processes must be >= 1", file=sys.stderr)
+        return 2
+    if args.processes > 1:
+        return run_supervisor(args)
+    if args.reuse_port:
+        enable_reuse_port()
     KvGateMaster.log_connections = args.log_connections
     with tempfile.TemporaryDirectory(prefix="kvgate-mitm-") as tmp:
         confdir = args.confdir or str(Path(tmp) / "confdir")

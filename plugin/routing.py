@@ -38,6 +38,7 @@ from plugin.flow import Prompt, Route, Upstream
 from plugin.local_tokenizer import LocalTokenizer, LocalTokenizerError
 from plugin.tokenize import TokenizeFailed, Tokenizer, TokenizeRequest, tokenize_request
 from policy.baselines import least_loaded, round_robin
+from policy.candidates import candidate_indices
 from policy.config import RoutingConfig
 from policy.index import PrefixIndex
 from policy.kvgate import build_policy
@@ -93,13 +94,18 @@ class ModelRouting:
     def _capacity_blocks(self, tokens: int) -> int:
         return max(1, int(tokens * self.blocks_per_token))
 
-    def views(self, workers: Sequence[WorkerRecord]) -> list[WorkerView]:
-        out = []
+    def size_index(self, workers: Sequence[WorkerRecord]) -> None:
+        """Bound each worker's mirrored index entries by its KV capacity (when that changed)."""
         for w in workers:
             capacity = w.capacity_tokens or DEFAULT_CAPACITY_TOKENS
             if self.capacity_set.get(w.id) != capacity:
                 self.state.index.set_capacity(w.id, self._capacity_blocks(capacity))
                 self.capacity_set[w.id] = capacity
+
+    def views(self, workers: Sequence[WorkerRecord]) -> list[WorkerView]:
+        self.size_index(workers)
+        out = []
+        for w in workers:
             out.append(
                 WorkerView(
                     id=w.id,
@@ -155,6 +161,7 @@ class Router:
         self.policy = build_policy(policy_config)
         self.models: dict[str, ModelRouting] = {}
         self._round_robin = itertools.count()
+        self._sample_rng = random.Random(section.seed + 1)  # its own: the policy's draws stay as they were
         self._upstreams: dict[str, Upstream] = {}
         self._pending_index: dict[tuple[str, str], tuple[int, list[int]]] = {}
         # an OrderedDict, not a cachetools cache: it is read once per prefix block of every request,
@@ -240,6 +247,7 @@ class Router:
             return None
         now = time.monotonic()
         routing = self.model(model)
+        workers = self._candidates(routing, prompt, workers)
         views = routing.state.observe_workers(routing.views(workers), now)
         view = routing.state.prepare(
             request_id=request_id, prefix_hashes=prompt.hashes, block_tokens=prompt.block_tokens,
@@ -251,6 +259,23 @@ class Router:
             return None
         worker = next(w for w in workers if w.id == decision.worker)
         return Route(model, worker, self.upstream(worker.url), decision, view)
+
+    def _candidates(
+        self, routing: ModelRouting, prompt: Prompt, workers: Sequence[WorkerRecord]
+    ) -> Sequence[WorkerRecord]:
+        """`workers`, or in a large fleet the prefix's holders and a random sample (policy/candidates.py)."""
+        limit = self.section.candidates_limit
+        if len(workers) <= limit:
+            return workers
+        routing.size_index(workers)  # every worker's LRU bound, not only the candidates'
+        hits = routing.state.index.match(prompt.hashes)
+        at = {w.id: i for i, w in enumerate(workers)} if hits else {}
+        holder_hits = {at[w]: n for w, n in hits.items() if w in at}
+        sample = self.section.candidates_sample
+        chosen = candidate_indices(
+            len(workers), holder_hits, limit=limit, sample=sample, rng=self._sample_rng
+        )
+        return workers if chosen is None else [workers[i] for i in chosen]
 
     def route(self, **request: Any) -> Route | None:
         """`choose(**request)`, then `reserve()` and `record()` the choice (a request placed at once)."""
