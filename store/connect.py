@@ -12,6 +12,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
+from redis.maint_notifications import MaintNotificationsConfig
 
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 
@@ -61,6 +62,9 @@ def cluster_from_url(url: str, **kwargs: Any) -> aioredis.Redis:
     if url.startswith("rediss+"):
         kwargs.setdefault("ssl", True)
     kwargs.pop("db", None)
+    # redis-py 8 sends CLIENT MAINT_NOTIFICATIONS on each new connection when "auto"; Redis 6.2 knows no
+    # such command (kvgate needs no maintenance push notifications): off
+    kwargs.setdefault("maint_notifications_config", MaintNotificationsConfig(enabled=False))
     return cast(aioredis.Redis, RedisCluster(startup_nodes=nodes, **kwargs))
 
 
