@@ -8,7 +8,8 @@ Starts N emulated vLLM workers (bench/emulator, the simulator's engine in real t
 profile: --profile with --num-gpu-blocks), then for each workload and offered load puts every router
 in front of them in turn (bench/live_routers.py), the worker caches reset before each router, in
 alternating order on even passes so drift shows up as a pass-to-pass difference. The client is the
-project's open-loop replayer (bench/loadgen.py; why not aiperf: docs/BENCHMARKS.md, live peers).
+project's open-loop replayer (bench/loadgen.py), or with `--client aiperf` aiperf 0.13 replaying the same
+requests on a fixed schedule (bench/live_aiperf.py).
 
 Measured at the client: TTFT p50/p90/p99, end-to-end p50/p99, errors, throughput, goodput (requests
 whose TTFT met --slo-ttft, per second). From the workers' own counters: token hit rate
@@ -25,6 +26,7 @@ import json
 import math
 import signal
 import statistics
+import subprocess
 import sys
 import time
 import urllib.request
@@ -33,7 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.burst import run_split
-from bench.live_routers import LABELS, PEERS_DIR, ROUTERS, Fleet, PeerUnavailable, starter
+from bench.live_aiperf import run_aiperf
+from bench.live_routers import LABELS, PEERS_DIR, ROUTERS, Fleet, PeerUnavailable, peer_venv, starter
 from bench.live_workloads import WORKLOADS, at_load, build, cap_output, live_requests, write_mooncake_jsonl
 from bench.loadgen import LiveResult, percentile
 from bench.sim.profiles import EngineProfile, ProfileError, load_profile, scaled
@@ -169,11 +172,21 @@ def write_profile(base: EngineProfile, num_gpu_blocks: int, path: Path) -> Path:
 
 
 def run_one(
-    router: str, fleet: Fleet, requests: Sequence, work_dir: Path, peers_dir: Path
+    router: str,
+    fleet: Fleet,
+    requests: Sequence,
+    work_dir: Path,
+    peers_dir: Path,
+    tokenizer: Path | None = None,
 ) -> tuple[list[LiveResult], float]:
+    """One router's run; with `tokenizer` (a local tokenizer directory) the client is aiperf."""
     reset_caches(fleet.urls)
     running = starter(router)(fleet, work_dir, peers_dir)
     try:
+        if tokenizer is not None:
+            return run_aiperf(
+                peer_venv("aiperf", peers_dir), running.urls, MODEL, requests, tokenizer, work_dir
+            )
         started = time.perf_counter()
         results = asyncio.run(run_split(running.urls, requests))
         return results, time.perf_counter() - started
@@ -245,6 +258,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--peers-dir", type=Path, default=PEERS_DIR, help="peers' virtualenvs (created if missing)"
     )
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument(
+        "--client", choices=("loadgen", "aiperf"), default="loadgen",
+        help="loadgen: the project's open-loop client; aiperf: aiperf 0.13 fixed-schedule replay (own venv)",
+    )  # fmt: skip
     args = p.parse_args(list(argv))
     args.routers = [r for r in args.routers.split(",") if r]
     args.workloads = [w for w in args.workloads.split(",") if w]
@@ -284,6 +301,11 @@ def run(args: argparse.Namespace) -> int:
     profile = load_profile(profile_path)
     runs: list[LiveRun] = []
     skipped: dict[str, str] = {}
+    tokenizer = None
+    if args.client == "aiperf":  # a local tokenizer directory for aiperf's token counts: nothing downloaded
+        from bench.toy_model import build as build_tokenizer
+
+        tokenizer = build_tokenizer(out / "tokenizer")
     with Stack(log_dir=out / "logs") as stack:
         print(f"starting {args.workers} emulated workers ({profile_path}) ...", file=sys.stderr)
         fleet = start_fleet(stack, args.workers, profile_path, args.time_scale)
@@ -303,9 +325,9 @@ def run(args: argparse.Namespace) -> int:
                         print(f"{workload} load {load:g} pass {pass_}: {LABELS[router]} ...", file=sys.stderr)
                         try:
                             results, wall = run_one(
-                                router, fleet, requests, out / "logs" / router, args.peers_dir
+                                router, fleet, requests, out / "logs" / router, args.peers_dir, tokenizer
                             )
-                        except (PeerUnavailable, StackError) as e:
+                        except (PeerUnavailable, StackError, subprocess.CalledProcessError) as e:
                             skipped[router] = str(e)
                             print(f"  skipped {router}: {e}", file=sys.stderr)
                             continue
@@ -326,7 +348,9 @@ def run(args: argparse.Namespace) -> int:
         "time_scale": args.time_scale,
         "profile": str(profile_path.resolve()),
         "out": str(out.resolve()),  # traces (trace-<workload>-<load>.jsonl), plots, logs
-        "client": "bench/loadgen.py (open loop)",
+        "client": "aiperf 0.13.0 (fixed-schedule replay)"
+        if args.client == "aiperf"
+        else "bench/loadgen.py (open loop)",
         "labels": {r: LABELS[r] for r in args.routers},
         "skipped": skipped,
     }

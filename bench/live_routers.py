@@ -41,6 +41,7 @@ PEER_PACKAGES: dict[str, tuple[str, str]] = {
     "sglang": ("sglang", "sglang-router==0.3.2"),
     "vllm_router": ("vllm_router", "vllm-router==0.1.17"),
     "dynamo_select": ("dynamo", "ai-dynamo-runtime==1.6.1 aiohttp"),
+    "aiperf": ("aiperf", "aiperf==0.13.0"),  # the client of `kvgate bench live --client aiperf`
 }
 ROUTERS = ("kvgate", "kvgate_x2", "smg", "sglang", "vllm_router", "dynamo_select", "round_robin")
 LABELS = {

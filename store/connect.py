@@ -1,17 +1,29 @@
-"""One way to open the shared Redis from a URL: plain `redis://`, TLS `rediss://`, a unix socket, or
+"""One way to open the shared Redis from a URL: plain `redis://`, TLS `rediss://`, a unix socket,
 Sentinel: `sentinel://host:port[,host:port...]/<service>[?db=N]` (the client asks the sentinels
-for the current primary and follows a failover: redis-py's SentinelConnectionPool)."""
+for the current primary and follows a failover: redis-py's SentinelConnectionPool), or Redis Cluster:
+`redis+cluster://[user:password@]host:port[,host:port...]` (`rediss+cluster://` for TLS; any node
+will do, the client discovers the rest and follows MOVED/ASK: redis-py's RedisCluster)."""
 
 from __future__ import annotations
 
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from typing import Any, cast
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
+from redis.maint_notifications import MaintNotificationsConfig
+
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.startswith(CLUSTER_SCHEMES)
 
 
 def redis_from_url(url: str, **kwargs: Any) -> aioredis.Redis:
+    if is_cluster_url(url):
+        return cluster_from_url(url, **kwargs)
     if not url.startswith("sentinel://"):
         return aioredis.Redis.from_url(url, **kwargs)
     parts = urlsplit(url)
@@ -27,3 +39,41 @@ def redis_from_url(url: str, **kwargs: Any) -> aioredis.Redis:
     sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **sentinel_kwargs)  # type: ignore[no-untyped-call]
     primary: aioredis.Redis = sentinel.master_for(service, redis_class=aioredis.Redis, db=db, **kwargs)
     return primary
+
+
+def cluster_from_url(url: str, **kwargs: Any) -> aioredis.Redis:
+    """A RedisCluster client for `redis+cluster://...`. It is typed as `aioredis.Redis` because kvgate
+    calls only commands both clients have (single-slot scripts, pipelines, pub/sub, XREAD: the key
+    layout keeps every multi-key command in one slot, docs/REDIS.md); the e2e suite runs on both."""
+    parts = urlsplit(url)
+    hosts = parts.netloc.rpartition("@")[2]
+    nodes = []
+    for item in hosts.split(","):
+        host, _, port = item.rpartition(":")
+        nodes.append(ClusterNode(host or "127.0.0.1", int(port or 6379)))
+    if not nodes:
+        raise ValueError(f"cluster URL without a node: {url!r}")
+    if parts.path.strip("/") not in ("", "0"):
+        raise ValueError(f"a Redis Cluster has only database 0: {url!r}")
+    if parts.username:
+        kwargs.setdefault("username", unquote(parts.username))
+    if parts.password:
+        kwargs.setdefault("password", unquote(parts.password))
+    if url.startswith("rediss+"):
+        kwargs.setdefault("ssl", True)
+    kwargs.pop("db", None)
+    # redis-py 8 sends CLIENT MAINT_NOTIFICATIONS on each new connection when "auto"; Redis 6.2 knows no
+    # such command (kvgate needs no maintenance push notifications): off
+    kwargs.setdefault("maint_notifications_config", MaintNotificationsConfig(enabled=False))
+    return cast(aioredis.Redis, RedisCluster(startup_nodes=nodes, **kwargs))
+
+
+async def ready(redis: aioredis.Redis) -> None:
+    """Make a cluster client learn the slot map now: redis-py does it on the first command, but not
+    for the first command of a pub/sub object made from it. Nothing for other clients."""
+    if isinstance(redis, RedisCluster):
+        await redis.initialize()
+
+
+def is_cluster(redis: aioredis.Redis) -> bool:
+    return isinstance(redis, RedisCluster)

@@ -53,17 +53,23 @@ _PORT_RANGE = (20000, 32700)
 _port_rng = random.Random()
 
 
-def free_port() -> int:
-    """A loopback TCP port that is free now, outside the kernel's ephemeral range."""
+def free_port(offsets: tuple[int, ...] = (0,), port_range: tuple[int, int] = _PORT_RANGE) -> int:
+    """A loopback TCP port that is free now, outside the kernel's ephemeral range; with `offsets`, a
+    port P such that every P + offset is free (a cluster node also listens on P + 10000)."""
     for _ in range(200):
-        port = _port_rng.randint(*_PORT_RANGE)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        port = _port_rng.randint(*port_range)
+        if all(_bindable(port + offset) for offset in offsets):
             return port
-    raise RedisServerError(f"no free port in {_PORT_RANGE}")
+    raise RedisServerError(f"no free port in {port_range}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 class EmbeddedRedis:
@@ -76,11 +82,15 @@ class EmbeddedRedis:
         *,
         unix_socket: str | None = None,
         die_with_parent: bool = True,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.port = port or free_port()
         self.binary = binary or find_redis_server()
         self.unix_socket = unix_socket  # also listen here (a stable path its agents can be given)
         self.die_with_parent = die_with_parent  # SIGKILLed by the kernel when its owner dies, even by kill -9
+        self.extra_args = (
+            extra_args  # more `--option value` pairs (e.g. cluster mode: store/redis_cluster.py)
+        )
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
 
@@ -110,6 +120,7 @@ class EmbeddedRedis:
         ]  # fmt: skip
         if self.unix_socket:
             args += ["--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
+        args += self.extra_args
         self._proc = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             preexec_fn=_die_with_parent if self.die_with_parent else None,

@@ -27,6 +27,7 @@ from policy.worker_auth import (
     registration_signature,
 )
 from store import keys
+from store.connect import is_cluster
 from store.scripting import LuaScript, load
 
 # Scripts (store/lua/registry_*.lua) touch only keys of one model (one hash slot on Redis Cluster);
@@ -222,11 +223,15 @@ async def register(
             epoch, _ = await pipe.execute()
         return int(epoch)
 
-    try:
-        epoch = await once()
-    except NoScriptError:  # a fresh server or SCRIPT FLUSH: only the SADD ran (idempotent)
-        await _REGISTER.ensure_loaded(redis)
-        epoch = await once()
+    if is_cluster(redis):  # a cluster pipeline may not carry EVALSHA; `kvg:models` is in another slot
+        epoch = int(await _REGISTER(redis, keys_, args))
+        await redis.sadd(keys.models(), record.model)
+    else:
+        try:
+            epoch = await once()
+        except NoScriptError:  # a fresh server or SCRIPT FLUSH: only the SADD ran (idempotent)
+            await _REGISTER.ensure_loaded(redis)
+            epoch = await once()
     if epoch < 0:
         raise RegistrationRefused(
             f"worker id {record.id!r} of {record.model} is held by a live worker with another URL; "

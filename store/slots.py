@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 from policy.admission import AdmitCode, AdmitResult, CheckStatus, ClaimCode, Quota, estimated_wait_s
 from policy.types import Band
 from runtime.tasks import cancel_and_wait, spawn
-from store import reconnect
+from store import connect, reconnect
 from store.scripts import (
     GRANTED_CHANNEL,
     AdmissionScripts,
@@ -190,6 +190,9 @@ class SlotPool:
         self.on_quota_missing = on_quota_missing  # writes the model's quota again (plugin/quotas.py)
 
     async def start(self) -> None:
+        # plain pub/sub on a cluster too: a PUBLISH (from a script on any master) reaches every node,
+        # so one subscription on one node hears every model's grants (docs/REDIS.md, Cluster)
+        await connect.ready(self.redis)
         self._pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         await self._pubsub.subscribe(self._channel)
         self._tasks = [

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 
 from tests.e2e.harness import Gateway, SseUpstream, chat, gateways, get, metric, poll, post, start_worker
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.redis_cluster]  # each test on standalone Redis and on a cluster
 
 MODEL = "m"
 

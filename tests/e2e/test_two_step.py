@@ -21,7 +21,7 @@ from plugin.decision_log import read_recent
 from plugin.static_workers import static_worker_id
 from tests.e2e.harness import Gateway, SseUpstream, chat, gateways, get, metric, poll, post, start_worker
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.redis_cluster]  # each test on standalone Redis and on a cluster
 
 MODEL = "m"
 

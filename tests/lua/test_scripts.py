@@ -13,6 +13,8 @@ from policy.types import Band
 from store import keys
 from store.scripts import AdmissionScripts, model_keys, quota_key, register_scripts
 
+pytestmark = pytest.mark.redis_cluster  # each test on standalone Redis and on a cluster
+
 H, N, L = Band.HIGH, Band.NORMAL, Band.LOW
 M = "llama"
 T0 = 1_000_000

@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from policy.admission import Quota
 from policy.types import Band
 from store import keys
+from store.connect import redis_from_url
 from store.scripts import register_scripts
 from store.slots import (
     AdmissionRejected,
@@ -33,13 +34,15 @@ from store.slots import (
 )
 from tests.polling import until
 
+pytestmark = pytest.mark.redis_cluster  # each test on standalone Redis and on a cluster
+
 M = "llama"
 
 
 @pytest.fixture
 async def pools(redis: aioredis.Redis, redis_url: str) -> AsyncIterator[tuple[SlotPool, SlotPool]]:
     await set_quota(redis, M, Quota())  # explicitly unlimited unless a test sets one (missing = refused)
-    clients = [aioredis.Redis.from_url(redis_url) for _ in range(2)]
+    clients = [redis_from_url(redis_url) for _ in range(2)]
     made = [
         SlotPool(c, gateway_id=f"gw{i}", lease_ms=2000, renew_every_ms=200) for i, c in enumerate(clients)
     ]
@@ -206,7 +209,7 @@ async def test_expired_lease_is_regranted_by_the_safety_recheck(
     redis: aioredis.Redis, redis_url: str
 ) -> None:
     await set_quota(redis, M, Quota(total=1))
-    client = aioredis.Redis.from_url(redis_url)
+    client = redis_from_url(redis_url)
     try:
         async with SlotPool(
             client, gateway_id="gw", lease_ms=300, renew_every_ms=100, recheck_every_s=0.05
@@ -224,7 +227,7 @@ async def test_renewal_keeps_leases_alive_and_close_lets_them_expire(
     redis: aioredis.Redis, redis_url: str
 ) -> None:
     await set_quota(redis, M, Quota(total=1))
-    client = aioredis.Redis.from_url(redis_url)
+    client = redis_from_url(redis_url)
     try:
         # a renewal may be late by a 250 ms loop stall and the lease still holds (800 - 50 ms of margin)
         pool = SlotPool(client, gateway_id="gw", lease_ms=800, renew_every_ms=50)

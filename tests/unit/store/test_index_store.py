@@ -8,7 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store import index_store
+from store.connect import redis_from_url
 from store.index_store import IndexOp
+
+pytestmark = pytest.mark.redis_cluster  # each test on standalone Redis and on a cluster
 
 MODEL = "m"
 
@@ -101,7 +104,7 @@ async def test_thousands_of_blocks_in_one_call(redis: aioredis.Redis) -> None:
 async def test_tail_blocks_until_an_op_arrives(redis_url: str, redis: aioredis.Redis) -> None:
     import asyncio
 
-    reader = aioredis.Redis.from_url(redis_url)
+    reader = redis_from_url(redis_url)
     try:
         cursor = await index_store.log_cursor(redis, MODEL)
         waiting = asyncio.ensure_future(index_store.tail(reader, MODEL, cursor, block_ms=5000))

@@ -6,7 +6,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from store import keys, registry
+from store.connect import redis_from_url
 from store.registry import WorkerRecord
+
+pytestmark = pytest.mark.redis_cluster  # each test on standalone Redis and on a cluster
 
 MODEL = "llama-8b"
 
@@ -50,7 +53,7 @@ async def test_register_then_read_round_trips_every_field(redis: aioredis.Redis)
 
 
 async def test_works_with_a_decoding_client(redis_url: str, redis: aioredis.Redis) -> None:
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    client = redis_from_url(redis_url, decode_responses=True)
     try:
         await registry.register(client, record(), lease_ms=1000, now_ms=0)
         [got] = await registry.read_workers(client, MODEL, now_ms=10)
