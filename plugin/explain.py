@@ -68,12 +68,12 @@ def classify(record: Record) -> Why:
     reason = str(record.get("reason", ""))
     if record.get("policy") in ("round_robin", "least_loaded"):
         kind = "baseline"
+    elif 0 < best_blocks <= chosen:
+        kind = "cache_hit"  # (stickiness may have kept it there: the reason says so)
     elif reason.startswith("sticky"):
         kind = "sticky"
     elif best_blocks == 0:
         kind = "miss"
-    elif chosen >= best_blocks:
-        kind = "cache_hit"
     else:
         kind = "load_move"
     return Why(kind, best if best_blocks else None, best_blocks, chosen)
