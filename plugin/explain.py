@@ -52,7 +52,7 @@ STEPS = {
 class Why:
     """One routed request's placement, classified."""
 
-    kind: str  # cache_hit | load_move | sticky | miss | baseline
+    kind: str  # cache_hit | load_move | replicate | sticky | miss | baseline
     best_worker: str | None  # the worker that held the most of its prefix (None: nobody held any)
     best_blocks: int
     chosen_blocks: int
@@ -74,6 +74,8 @@ def classify(record: Record) -> Why:
         kind = "sticky"
     elif best_blocks == 0:
         kind = "miss"
+    elif "replica" in reason:
+        kind = "replicate"  # a hot prefix spread to one more worker before its holders overload
     else:
         kind = "load_move"
     return Why(kind, best if best_blocks else None, best_blocks, chosen)
@@ -163,13 +165,20 @@ def _routing_lines(record: Record) -> list[str]:
         best_ttft = _score(record, best, "predicted-ttft")
         cmp = (
             f": predicted TTFT {best_ttft:.3f} s there against {ttft:.3f} s on {worker}"
-            if (best_ttft is not None and ttft is not None)
+            if best_ttft is not None and ttft is not None
             else ""
         )
         head = (
             f"Routing: sent to {worker}, MOVED AWAY FROM THE CACHE BY LOAD: {best} held more of the "
             f"prefix ({why.best_blocks} of {blocks} blocks, against {why.chosen_blocks} on {worker}) "
             f"but was busier{cmp}."
+        )
+    elif why.kind == "replicate":
+        head = (
+            f"Routing: sent to {worker}, MOVED AWAY FROM THE CACHE TO SPREAD A HOT PREFIX: "
+            f"{why.best_worker} held {why.best_blocks} of its {blocks} blocks, but this prefix arrives so "
+            f"often that kvgate adds a replica on {worker} (one prefill there) before the holders are "
+            f"overloaded; it scores every worker as if it held the prefix{ttft_words}."
         )
     elif why.kind == "sticky":
         head = (
@@ -243,8 +252,8 @@ def worker_summary(records: Sequence[Record], worker: str, since_s: float) -> di
             if r.get("prompt_tokens") and r.get("cached_tokens") is not None:
                 hits += int(r["cached_tokens"])
                 prompt += int(r["prompt_tokens"])
-        elif why.best_worker == worker and why.chosen_blocks < why.best_blocks:
-            away["load_move"] += 1  # it held the most of the prefix, another worker took the request
+        elif why.best_worker == worker and why.kind in ("load_move", "replicate"):
+            away[why.kind] += 1  # it held the most of the prefix, another worker took the request
             away_to[str(r["worker"])] += 1
     return {
         "worker": worker,
@@ -255,7 +264,8 @@ def worker_summary(records: Sequence[Record], worker: str, since_s: float) -> di
         "to_worker": sum(to.values()),
         "share": sum(to.values()) / routed if routed else 0.0,
         "to_worker_by_kind": dict(to),
-        "away_by_load": away["load_move"],
+        "away_by_load": away["load_move"] + away["replicate"],
+        "away_by_kind": dict(away),
         "away_to": dict(away_to),
         "hit_rate": hits / prompt if prompt else None,
         "ttft_p50_ms": _median(ttft_here),
@@ -269,6 +279,7 @@ def _median(values: list[float]) -> float | None:
 KIND_WORDS = {
     "cache_hit": "cache hits (it held the longest cached prefix)",
     "load_move": "moved here by load (another worker held more of the prefix but was busier)",
+    "replicate": "a hot prefix spread here (a new replica, so its holders do not overload)",
     "sticky": "sticky (it served the prefix recently)",
     "miss": "misses (nobody held the prefix; it was the least loaded)",
     "baseline": "sent by a baseline policy (round robin / least loaded)",
@@ -290,7 +301,7 @@ def worker_text(summary: Mapping[str, Any]) -> str:
         dest = ", ".join(f"{k} {v}" for k, v in sorted(summary["away_to"].items(), key=lambda kv: -kv[1]))
         lines.append(
             f"Why requests went AWAY from it: {summary['away_by_load']} request(s) whose prefix it held "
-            f"best went elsewhere because it was busier (to: {dest})."
+            f"best went elsewhere because of load ({_kinds(summary['away_by_kind'])}; to: {dest})."
         )
     else:
         lines.append("No request whose prefix it held best went elsewhere.")
@@ -299,6 +310,11 @@ def worker_text(summary: Mapping[str, Any]) -> str:
     if summary["ttft_p50_ms"] is not None:
         lines.append(f"Median time to first token there: {_ms(summary['ttft_p50_ms'])}.")
     return "\n".join(lines)
+
+
+def _kinds(counts: Mapping[str, int]) -> str:
+    words = {"load_move": "it was busier", "replicate": "a hot prefix got another replica"}
+    return ", ".join(f"{n} {words.get(k, k)}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def _span(seconds: float) -> str:
