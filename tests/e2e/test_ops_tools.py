@@ -192,3 +192,21 @@ def test_top_under_tmux_shows_what_an_operator_looks_at(recorded: dict[str, Any]
         assert "429" in screen or "200" in screen
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+
+
+def test_bench_ab_reports_both_arms_from_one_live_run(tmp_path: Path) -> None:
+    out_json = tmp_path / "ab.json"
+    out = kvgate(
+        "bench", "ab", "--candidate", "round_robin", "--share", "0.5", "--requests", "32", "--rate", "10",
+        "--json", str(out_json), timeout_s=120,
+    )  # fmt: skip
+    print(out.stdout, out.stderr[-2000:])
+    assert out.returncode == 0, out.stderr
+    arms = json.loads(out_json.read_text())["arms"]
+    assert [(a["arm"], a["policy"], a["share"]) for a in arms] == [
+        ("default", "kvgate", 0.5),
+        ("candidate", "round_robin", 0.5),
+    ]
+    keys = ("hit_rate", "ttft_p50", "ttft_p99", "util_cv", "throughput_rps", "queue_p99")
+    for arm in arms:
+        assert arm["requests"] > 0 and all(isinstance(arm[k], float) for k in keys), arm
