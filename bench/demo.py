@@ -86,9 +86,13 @@ def run_policy(
     scenario: TenantPromptsScenario,
     work_dir: Path,
     on_worker_full: str = "reroute",
+    decisions: Path | None = None,
 ) -> RunSummary:
     config = work_dir / f"gateway-{policy}.toml"
-    config.write_text(gateway_config(policy, scenario.model, on_worker_full))
+    toml = gateway_config(policy, scenario.model, on_worker_full)
+    if decisions is not None:  # the decision log of this run, for kvgate bench replay
+        toml += f'\n[decision_log]\nfile = "{decisions.resolve()}"\n'
+    config.write_text(toml)
     gateway = stack.start_gateway(policy, config=config)
     reset_caches(stack.worker_urls)
     hits0, queries0 = prefix_cache_counters(stack.worker_urls)
@@ -122,6 +126,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--requests", type=int, default=240)
     parser.add_argument("--rate", type=float, default=8.0, help="requests per second (open loop)")
+    parser.add_argument(
+        "--decisions", type=Path, help="write the kvgate run's decision log here (for kvgate bench replay)"
+    )
     parser.add_argument("--logs", type=Path, help="keep process logs here (default: a temporary directory)")
     parser.add_argument(
         "--max-concurrency", type=int, default=0,
@@ -134,6 +141,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     max_seqs = args.max_concurrency or load_profile(PROFILE).max_num_seqs
     scenario = TenantPromptsScenario(requests=args.requests, rate_rps=args.rate)
+    if args.decisions is not None:
+        args.decisions.unlink(missing_ok=True)  # the file sink appends
     with tempfile.TemporaryDirectory(prefix="kvgate-demo-") as tmp:
         work_dir = args.logs or Path(tmp)
         with Stack(log_dir=work_dir) as stack:
@@ -152,7 +161,8 @@ def main(argv: list[str]) -> int:
             runs = []
             for policy in ("kvgate", "round_robin"):
                 print(f"replaying {scenario.requests} requests with {policy} routing ...", file=sys.stderr)
-                runs.append(run_policy(stack, policy, scenario, work_dir, args.on_worker_full))
+                decisions = args.decisions if policy == "kvgate" else None
+                runs.append(run_policy(stack, policy, scenario, work_dir, args.on_worker_full, decisions))
     runs.sort(key=lambda r: r.policy)  # kvgate, round_robin
     print_table(runs, scenario)
     if args.json:

@@ -263,6 +263,8 @@ class KvGate:
             self.redis if config.decision_log.redis_stream else None,
             maxlen=config.decision_log.stream_maxlen,
             to_log=config.decision_log.log,
+            file=config.decision_log.file,
+            file_max_bytes=config.decision_log.file_max_mb << 20,
         )
         await self.decisions.start()
         if opts.kvgate_workers:

@@ -49,10 +49,12 @@ class Admission:
             seats=self.seats(parsed.model, found.prompt, parsed.max_tokens),
             max_wait_s=caller.max_wait_s,
         )
+        state.arm = ctx.router.arm(caller.tenant, found.prompt)
         started = now_s()
         shed_after_s = ctx.config.admission.shed_low_after_ms / 1000
         if ctx.pressure.sheds(parsed.model, caller.band, started, shed_after_s):
             ctx.metrics.rejected.inc(parsed.model, "shed")
+            state.refused = ("shed", "shed", "low-priority traffic shed under sustained pressure")
             flow.response = shed_response(ctx.pressure.pressure_s(parsed.model, started))
             return
         client = flow.client_conn
@@ -88,13 +90,18 @@ class Admission:
             if not waiting and process.waiters.get(client.id) is waiting:
                 del process.waiters[client.id]
             process.queued[parsed.model] -= 1
+        if result is None or isinstance(result, AdmissionRejected):
+            state.queued_s = now_s() - started
         if result is None:
+            state.refused = ("routing", "no_healthy_worker", "no routable worker left")
             flow.response = GatewayError(
                 503, "no_healthy_worker", f"no healthy worker for {parsed.model!r}", retry_after_s=1
             ).to_response()
             return
         if isinstance(result, AdmissionRejected):
             ctx.metrics.rejected.inc(parsed.model, result.reason)
+            detail = f"{result}; estimated wait {result.est_wait_s:.3f} s"
+            state.refused = ("admission", result.reason, detail)
             raise_as_response(flow, result)
             return
         state.lease, state.route = result.lease, result.route
@@ -112,6 +119,7 @@ class Admission:
         return self.ctx.router.choose(
             request_id=found.state.request_id, model=parsed.model, prompt=found.prompt,
             max_tokens=parsed.max_tokens, band=caller.band, tenant=caller.tenant, workers=workers,
+            arm=found.state.arm,
         )  # fmt: skip
 
     def seats(self, model: str, prompt: Prompt, max_tokens: int) -> int:

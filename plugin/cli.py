@@ -28,6 +28,14 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ),
     ("bench", "live"): ("bench.live:main", "kvgate and the real peer routers on the same emulated workers"),
     ("bench", "scale"): ("bench.scale:main", "decision time vs workers and index, Redis cost, processes"),
+
+    ("explain",): (
+        "plugin.explain:main",
+        "why a request went where it did (or was refused), or a worker's traffic",
+    ),
+    ("top",): ("plugin.top:main", "live terminal view: workers, queues, quotas, last decisions"),
+    ("bench", "replay"): ("bench.replay:main", "re-run a recorded decision log through the simulator"),
+    ("bench", "ab"): ("bench.ab:main", "A/B split on a live demo stack: both arms' core metrics"),
 }
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from policy.ab import SPLIT_KEYS
 from policy.admission import DEFAULT_MAX_SEATS, DEFAULT_TOKENS_PER_SEAT, seat_count
 from policy.config import POLICIES, RoutingConfig, load_routing_config
 from policy.config import ConfigError as PolicyConfigError
@@ -205,6 +206,9 @@ class ModelSection:
         _one_of(f"{path}.on_worker_full", self.on_worker_full, ("reroute", "wait"))
 
 
+ROUTING_POLICIES = ("kvgate", "article", "round_robin", "least_loaded")
+
+
 @dataclass(frozen=True)
 class RoutingSection:
     policy: str = "kvgate"  # kvgate | article | round_robin | least_loaded
@@ -228,9 +232,19 @@ class RoutingSection:
     candidates_sample: int = 16
     # tuning of the kvgate / article policy: policy/config.py RoutingConfig fields (docs/ROUTING.md)
     tuning: dict[str, object] = field(default_factory=dict)
+    # A/B split (docs/OPERATIONS.md): `ab_share` of the traffic is routed with `ab_policy` (arm
+    # "candidate"), assigned by tenant or by the first prefix block so a conversation stays in one arm
+    ab_policy: str = ""  # "" = no split
+    ab_share: float = 0.0
+    ab_by: str = "prefix"  # prefix | tenant
 
     def __post_init__(self) -> None:
-        _one_of("routing.policy", self.policy, ("kvgate", "article", "round_robin", "least_loaded"))
+        _one_of("routing.policy", self.policy, ROUTING_POLICIES)
+        if self.ab_policy:
+            _one_of("routing.ab_policy", self.ab_policy, ROUTING_POLICIES)
+        if not 0.0 <= self.ab_share <= 1.0:
+            raise ConfigError("routing.ab_share", self.ab_share, "must be between 0 and 1")
+        _one_of("routing.ab_by", self.ab_by, SPLIT_KEYS)
         _at_least("routing.chunk_chars", self.chunk_chars, 16)
         _at_least("routing.refresh_ms", self.refresh_ms, 50)
         _one_of("routing.prefix_mode", self.prefix_mode, PREFIX_MODES)
@@ -241,10 +255,14 @@ class RoutingSection:
         _at_least("routing.candidates_sample", self.candidates_sample, 1)
         self.policy_config()  # validate the tuning table now
 
-    def policy_config(self) -> RoutingConfig:
-        """The pure policy's config (policy/config.py); ConfigError names the key path."""
+    def policy_config(self, policy: str = "") -> RoutingConfig:
+        """The pure policy's config (policy/config.py) for `policy` (default: routing.policy);
+        ConfigError names the key path."""
         raw = dict(self.tuning)
-        raw.setdefault("policy", self.policy if self.policy in POLICIES else "kvgate")
+        if policy:
+            raw["policy"] = policy if policy in POLICIES else "kvgate"
+        else:
+            raw.setdefault("policy", self.policy if self.policy in POLICIES else "kvgate")
         try:
             return load_routing_config(raw, "routing.tuning")
         except PolicyConfigError as e:
@@ -263,9 +281,15 @@ class DecisionLogSection:
     redis_stream: bool = True  # XADD one record per request to kvg:decisions (capped)
     stream_maxlen: int = 10_000
     log: bool = False  # also write each record to the Python log (INFO, logger plugin.decision_log)
+    # also append each record to this JSON-lines file (written from a thread); rotated to PATH.1 once
+    # it reaches file_max_mb, so at most twice that is kept; "" = no file
+    file: str = ""
+    file_max_mb: int = 100
+    prompt_text: bool = False  # put the prompt's text in each record (off: only its block hashes)
 
     def __post_init__(self) -> None:
         _at_least("decision_log.stream_maxlen", self.stream_maxlen, 1)
+        _at_least("decision_log.file_max_mb", self.file_max_mb, 1)
 
 
 @dataclass(frozen=True)

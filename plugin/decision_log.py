@@ -1,10 +1,13 @@
 """The per-request decision record: candidates and their scores, the winner and why, then the outcome.
 
-Records are queued in memory on the hot path and written by one background task, batched into one
-pipeline of `XADD kvg:decisions MAXLEN ~ N * record <json>` per flush (one write on the gateway's
-lean connection, store/resp.py: redis-py's pipeline costs several times more CPU per record), so
-logging never adds a Redis round trip to a request. Optionally each record also goes to the Python
-log (logger `plugin.decision_log`).
+One record per request, refused ones included (plugin/release.py builds them; the fields are listed
+in docs/OPERATIONS.md "Decision log"). Records are queued in memory on the hot path and written by one
+background task, never on a request's path (it encodes a batch itself: handing it to a thread cost
+more CPU, bench.hook_cost), as one pipeline of `XADD kvg:decisions MAXLEN ~ N * record <json>` per
+flush (one write on the gateway's lean connection, store/resp.py: redis-py's pipeline costs several
+times more CPU per record), so logging never adds a Redis round trip to a request. Optionally each
+record also goes to a JSON-lines file, written from a thread (rotated once to PATH.1 at its size cap,
+so it is bounded), and to the Python log (logger `plugin.decision_log`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -34,8 +39,12 @@ class DecisionLog:
         maxlen: int = 10_000,
         to_log: bool = False,
         flush_ms: int = 100,
+        file: str = "",
+        file_max_bytes: int = 100 << 20,
     ) -> None:
         self.redis = redis
+        self.file = Path(file) if file else None
+        self.file_max_bytes = file_max_bytes
         self._fast = RespChannel.for_client(redis) if redis is not None else None
         self.maxlen = maxlen
         self.to_log = to_log
@@ -50,7 +59,7 @@ class DecisionLog:
         """Queue one record (hot path: a list append)."""
         if self.to_log:
             logger.info("decision %s", json.dumps(entry, separators=(",", ":")))
-        if self.redis is None:
+        if self.redis is None and self.file is None:
             return
         if len(self._buffer) >= MAX_BUFFER:
             self._buffer.pop(0)
@@ -59,7 +68,7 @@ class DecisionLog:
         self._wake.set()
 
     async def start(self) -> None:
-        if self.redis is not None:
+        if self.redis is not None or self.file is not None:
             self._task = spawn(self._flush_loop(), name="kvgate-decision-log")
 
     async def close(self) -> None:
@@ -69,19 +78,26 @@ class DecisionLog:
             await self._fast.aclose()
 
     async def flush(self) -> None:
-        if not self._buffer or self.redis is None:
+        if not self._buffer:
             return
         batch, self._buffer = self._buffer, []
+        lines = _encode(batch)
+        if self.file is not None:
+            try:
+                await asyncio.to_thread(_append, self.file, lines, self.file_max_bytes)
+            except OSError as e:
+                logger.warning("decision log file %s: %s (%d records not written)", self.file, e, len(lines))
+        if self.redis is None:
+            self.written += len(batch)
+            return
         try:
             if self._fast is not None:  # one JSON field per record: packing many fields costs more CPU
                 head = ("XADD", STREAM_KEY, "MAXLEN", "~", self.maxlen, "*", "record")
-                await self._fast.pipeline([(*head, json.dumps(entry)) for entry in batch])
+                await self._fast.pipeline([(*head, line) for line in lines])
             else:
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    for entry in batch:
-                        pipe.xadd(
-                            STREAM_KEY, {"record": json.dumps(entry)}, maxlen=self.maxlen, approximate=True
-                        )
+                    for line in lines:
+                        pipe.xadd(STREAM_KEY, {"record": line}, maxlen=self.maxlen, approximate=True)
                     await pipe.execute()
             self.written += len(batch)
         except (RedisError, OSError) as e:
@@ -94,6 +110,21 @@ class DecisionLog:
             self._wake.clear()
             await asyncio.sleep(self.flush_ms / 1000)
             await self.flush()
+
+
+def _encode(batch: list[dict[str, Any]]) -> list[str]:
+    return [json.dumps(entry, separators=(",", ":")) for entry in batch]
+
+
+def _append(path: Path, lines: list[str], max_bytes: int) -> None:
+    """Append JSON lines; once the file reaches `max_bytes` it becomes PATH.1 (the older one goes)."""
+    try:
+        if path.stat().st_size >= max_bytes:
+            os.replace(path, path.with_name(path.name + ".1"))
+    except FileNotFoundError:
+        pass
+    with path.open("a", encoding="utf-8") as out:
+        out.write("\n".join(lines) + "\n")
 
 
 async def read_recent(redis: aioredis.Redis, count: int = 100) -> list[dict[str, Any]]:

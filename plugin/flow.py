@@ -91,12 +91,14 @@ class FlowState:
     lease: Lease | None = None  # while a slot is held; popped exactly once on release
     queued_s: float = 0.0
     held: Held | None = None  # set when admission held the request (quota or a full worker)
+    refused: tuple[str, str, str] | None = None  # (step, reason, detail) when the gateway answered it
     route: Route | None = None
     usage_requested: bool = False  # the gateway asked the worker for the stream's usage chunk
     meter: SseMeter | None = None
     status: int = 0
     error: str = ""
     finished: bool = False
+    arm: str = "default"
 
     @property
     def model(self) -> str:

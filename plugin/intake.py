@@ -131,4 +131,5 @@ class Intake:
                 )
             state.prompt = prompt
         except GatewayError as e:
+            state.refused = ("intake", e.code, e.message)
             flow.response = e.to_response()

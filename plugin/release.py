@@ -90,10 +90,10 @@ class Release:
         metrics = ctx.metrics
         model, band = state.model, state.band_name  # model "" when refused before parsing
         metrics.requests.inc(model, band, str(status))
-        if state.parsed is None:
-            return
         route = state.route
-        if route is None:
+        if state.parsed is None or route is None:
+            if state.refused is not None or state.parsed is not None:  # refused: one record too
+                ctx.decisions.record(self._refusal_record(state, status, error))
             return
         ctx.router.finished(route)
         usage: Usage | None
@@ -104,24 +104,17 @@ class Release:
             usage = state.parsed.endpoint.meter_body(content) if content is not None else None
         else:
             usage = None
-        record: dict[str, Any] = {
-            "request_id": state.request_id,
-            "client_request_id": state.client_request_id,
-            "gateway": ctx.gateway_id,
-            "model": model,
-            "tenant": state.caller.tenant if state.caller else "",
-            "band": band,
-            "worker": route.worker.id,
-            "reason": route.decision.reason,
-            "candidates": route.decision.scores,  # not changed after the decision: serialized as is
-            "prefix_blocks": len(route.view.prefix_hashes),
-            "hit_blocks": route.view.prefix_hits.get(route.worker.id, 0),
-            "queued_ms": round(state.queued_s * 1000, 3),
-            "status": status,
-            "error": error,
-            "latency_ms": round((time.monotonic() - state.received_at) * 1000, 3),
-            **(state.held.record() if state.held is not None else NOT_HELD),
-        }
+        record = self._common_record(state, status, error)
+        record.update(
+            worker=route.worker.id,
+            reason=route.decision.reason,
+            candidates=route.decision.scores,  # not changed after the decision: serialized as is
+            hits=route.view.prefix_hits,  # prefix blocks each worker is believed to hold
+            prefix_blocks=len(route.view.prefix_hashes),
+            hit_blocks=route.view.prefix_hits.get(route.worker.id, 0),
+            capacity_tokens=route.worker.capacity_tokens,
+        )
+        record.update(state.held.record() if state.held is not None else NOT_HELD)
         if usage is not None:
             if usage.first_token_at is not None:
                 ttft = usage.first_token_at - state.received_at
@@ -137,3 +130,42 @@ class Release:
                 record["cached_tokens"] = usage.cached_tokens
                 metrics.cached_tokens.inc(model, by=usage.cached_tokens)
         ctx.decisions.record(record)
+
+    def _common_record(self, state: FlowState, status: int, error: str) -> dict[str, Any]:
+        """The decision record's fields every request has, routed or refused."""
+        ctx = self.ctx
+        latency_s = time.monotonic() - state.received_at
+        prompt, parsed = state.prompt, state.parsed
+        record: dict[str, Any] = {
+            "request_id": state.request_id,
+            "client_request_id": state.client_request_id,
+            "gateway": ctx.gateway_id,
+            "arrival_ms": round((time.time() - latency_s) * 1000, 3),  # wall clock
+            "model": state.model,
+            "tenant": state.caller.tenant if state.caller else "",
+            "band": state.band_name,
+            "arm": state.arm,
+            "policy": ctx.router.arm_policies.get(state.arm, ""),
+            "queued_ms": round(state.queued_s * 1000, 3),
+            "status": status,
+            "error": error,
+            "latency_ms": round(latency_s * 1000, 3),
+        }
+        if parsed is not None:
+            record["max_tokens"] = parsed.max_tokens
+            record["stream"] = parsed.stream
+        if prompt is not None:
+            record["index"] = "exact" if prompt.exact else "approximate"
+            record["prompt_tokens_est"] = prompt.prompt_tokens
+            record["prefix_hashes"] = prompt.hashes
+            record["block_tokens"] = prompt.block_tokens
+            if ctx.config.decision_log.prompt_text and parsed is not None:
+                record["prompt_text"] = parsed.endpoint.prefix_text(parsed.body)
+        return record
+
+    def _refusal_record(self, state: FlowState, status: int, error: str) -> dict[str, Any]:
+        record = self._common_record(state, status, error)
+        step, reason, detail = state.refused or ("", "", "")
+        record.update(worker=None, refused_by=step, reason=reason, detail=detail)
+        record.update(state.held.record() if state.held is not None else NOT_HELD)
+        return record

@@ -37,6 +37,7 @@ from plugin.config import ConfigError, RoutingSection
 from plugin.flow import Prompt, Route, Upstream
 from plugin.local_tokenizer import LocalTokenizer, LocalTokenizerError
 from plugin.tokenize import TokenizeFailed, Tokenizer, TokenizeRequest, tokenize_request
+from policy.ab import CANDIDATE_ARM, DEFAULT_ARM, arm_of
 from policy.baselines import least_loaded, round_robin
 from policy.candidates import candidate_indices
 from policy.config import RoutingConfig
@@ -159,6 +160,12 @@ class Router:
         self.redis = redis
         self.rng = random.Random(section.seed)
         self.policy = build_policy(policy_config)
+        # the A/B split's candidate arm (routing.ab_policy): its own policy object, the same state
+        self.arm_policies = {DEFAULT_ARM: section.policy}
+        self.candidate = None
+        if section.ab_policy and section.ab_share > 0:
+            self.arm_policies[CANDIDATE_ARM] = section.ab_policy
+            self.candidate = build_policy(section.policy_config(section.ab_policy))
         self.models: dict[str, ModelRouting] = {}
         self._round_robin = itertools.count()
         self._sample_rng = random.Random(section.seed + 1)  # its own: the policy's draws stay as they were
@@ -237,6 +244,7 @@ class Router:
         band: Band,
         tenant: str,
         workers: Sequence[WorkerRecord],
+        arm: str = DEFAULT_ARM,
     ) -> Route | None:
         """The route for a request among routable `workers`, or None if the policy rejects them all.
 
@@ -254,7 +262,7 @@ class Router:
             prompt_tokens=prompt.prompt_tokens, workers=views, now_s=now, model=model,
             max_tokens=max_tokens, band=band, tenant=tenant,
         )  # fmt: skip
-        decision = self._decide(view, views, now)
+        decision = self._decide(view, views, now, arm)
         if decision.worker is None:
             return None
         worker = next(w for w in workers if w.id == decision.worker)
@@ -310,15 +318,22 @@ class Router:
         hits = self.model(model).state.index.match(prompt.hashes)
         return sum(prompt.block_tokens[: max(hits.values(), default=0)])
 
-    def _decide(self, view: RequestView, views: list[WorkerView], now: float) -> Decision:
-        policy = self.section.policy
+    def arm(self, tenant: str, prompt: Prompt) -> str:
+        """The request's A/B arm (policy/ab.py): "default" unless routing.ab_policy is set."""
+        if self.candidate is None:
+            return DEFAULT_ARM
+        return arm_of(self.section.ab_share, tenant, prompt.hashes, self.section.ab_by)
+
+    def _decide(self, view: RequestView, views: list[WorkerView], now: float, arm: str) -> Decision:
+        policy = self.arm_policies.get(arm, self.section.policy)
         if policy == "round_robin":
             return Decision(round_robin([w.id for w in views], next(self._round_robin)), "round robin")
         if policy == "least_loaded":
             load = {w.id: float(w.inflight + w.waiting) for w in views}
             pick = least_loaded(list(load), load.__getitem__, lambda _: self.rng.random())
             return Decision(pick, "least loaded")
-        return self.policy.decide(view, views, self.rng, now)
+        chosen = self.candidate if arm == CANDIDATE_ARM and self.candidate is not None else self.policy
+        return chosen.decide(view, views, self.rng, now)
 
     def upstream(self, url: str) -> Upstream:
         found = self._upstreams.get(url)
