@@ -28,7 +28,6 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ),
     ("bench", "live"): ("bench.live:main", "kvgate and the real peer routers on the same emulated workers"),
     ("bench", "scale"): ("bench.scale:main", "decision time vs workers and index, Redis cost, processes"),
-
     ("explain",): (
         "plugin.explain:main",
         "why a request went where it did (or was refused), or a worker's traffic",
