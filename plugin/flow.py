@@ -97,6 +97,7 @@ class FlowState:
     status: int = 0
     error: str = ""
     finished: bool = False
+    arm: str = "default"
 
     @property
     def model(self) -> str:
