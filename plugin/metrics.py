@@ -107,7 +107,7 @@ class GatewayMetrics:
     """Every metric the gateway exports, by name."""
 
     def __init__(self) -> None:
-        prometheus_client.disable_created_metrics()  # before any counter exists; idempotent
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # idempotent
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             r,
