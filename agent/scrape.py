@@ -1,7 +1,7 @@
 """Read a worker's load from its Prometheus `/metrics` text (vLLM or SGLang names).
 
-`parse_prometheus` is a small, complete parser of the text exposition format (comments, HELP/TYPE,
-labels with escaped quotes/backslashes/newlines, NaN/±Inf, optional timestamps). `extract_load`
+`parse_prometheus` reads the text exposition format with prometheus-client's parser (the format's
+reference implementation, which vLLM's and SGLang's exporters write). `extract_load`
 maps the engine's metric names to one `WorkerLoad`: gauges are summed over label sets (several
 engines or data-parallel ranks behind one endpoint), KV usage is the mean, capacity comes from
 `cache_config_info` labels. Histograms (`_bucket`/`_sum`/`_count`) are parsed but not used. The
@@ -12,9 +12,10 @@ backwards).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
 
 
 class MetricsParseError(ValueError):
@@ -28,87 +29,24 @@ class Sample:
     value: float
 
 
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
-# fast path: one label `name="value"` (value without backslashes) and its separator
-_SIMPLE_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)"\s*(?:,|(?=\}))')
-
-
-def _parse_value(text: str, line_no: int) -> float:
-    special = {"nan": math.nan, "+inf": math.inf, "inf": math.inf, "-inf": -math.inf}
-    lowered = text.lower()
-    if lowered in special:
-        return special[lowered]
-    try:
-        return float(text)
-    except ValueError:
-        raise MetricsParseError(f"line {line_no}: bad sample value {text!r}") from None
-
-
-def _parse_labels(line: str, pos: int, line_no: int) -> tuple[dict[str, str], int]:
-    """Labels from `line[pos]` == '{' to the closing '}'; returns them and the index after '}'."""
-    labels: dict[str, str] = {}
-    start = pos
-    pos += 1
-    while match := _SIMPLE_LABEL.match(line, pos):  # common case, ~10x faster than per character
-        labels[match.group(1)] = match.group(2)
-        pos = match.end()
-    if line.startswith("}", pos):
-        return labels, pos + 1
-    labels, pos = {}, start + 1  # escapes or an error: parse character by character
-    while True:
-        while pos < len(line) and line[pos] in " \t,":
-            pos += 1
-        if pos < len(line) and line[pos] == "}":
-            return labels, pos + 1
-        match = _LABEL_NAME.match(line, pos)
-        if not match:
-            raise MetricsParseError(f"line {line_no}: bad label name at column {pos + 1}")
-        name = match.group()
-        pos = match.end()
-        while pos < len(line) and line[pos] in " \t":
-            pos += 1
-        if line[pos : pos + 2] != '="':
-            raise MetricsParseError(f'line {line_no}: expected =" after label {name}')
-        pos += 2
-        value: list[str] = []
-        while True:
-            if pos >= len(line):
-                raise MetricsParseError(f"line {line_no}: unterminated value of label {name}")
-            char = line[pos]
-            if char == "\\" and pos + 1 < len(line):
-                nxt = line[pos + 1]
-                value.append(_ESCAPES.get(nxt, "\\" + nxt))
-                pos += 2
-            elif char == '"':
-                pos += 1
-                break
-            else:
-                value.append(char)
-                pos += 1
-        labels[name] = "".join(value)
-
-
 def parse_prometheus(text: str) -> list[Sample]:
-    """Every sample of a Prometheus text exposition, in order. Raises MetricsParseError with the line."""
-    samples = []
-    for line_no, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _NAME.match(line)
-        if not match:
-            raise MetricsParseError(f"line {line_no}: bad metric name in {raw!r}")
-        name, pos = match.group(), match.end()
-        labels: dict[str, str] = {}
-        if pos < len(line) and line[pos] == "{":
-            labels, pos = _parse_labels(line, pos, line_no)
-        parts = line[pos:].split()
-        if not parts or len(parts) > 2:
-            raise MetricsParseError(f"line {line_no}: expected a value (and optional timestamp) in {raw!r}")
-        samples.append(Sample(name, labels, _parse_value(parts[0], line_no)))
-    return samples
+    """Every sample of a Prometheus text exposition, in order (prometheus-client's own parser).
+
+    Raises MetricsParseError naming the first line that does not parse on its own."""
+    try:
+        return [
+            Sample(s.name, dict(s.labels), float(s.value))
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        ]
+    except (ValueError, TypeError, IndexError, KeyError) as e:
+        for line_no, raw in enumerate(text.splitlines(), 1):
+            if raw.strip() and not raw.lstrip().startswith("#"):
+                try:
+                    list(text_string_to_metric_families(raw.strip() + "\n"))
+                except (ValueError, TypeError, IndexError, KeyError):
+                    raise MetricsParseError(f"line {line_no}: {raw!r} does not parse") from e
+        raise MetricsParseError(f"not Prometheus text: {e}") from e
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,7 @@ class Stack:
     processes: list[Process] = field(default_factory=list)
     worker_urls: list[str] = field(default_factory=list)
     gateway_urls: list[str] = field(default_factory=list)
+    metrics_urls: dict[str, str] = field(default_factory=dict)  # gateway URL -> its metrics port's URL
     # each process in its own session, hence its own scheduler autogroup (Linux): CPU is then shared
     # per process, as between separate services, not per benchmark run (kvgate bench overhead)
     own_sessions: bool = False
@@ -125,14 +126,17 @@ class Stack:
         self.spawn(f"agent-{worker_id}", kvgate_command(*args))
 
     def start_gateway(self, name: str, *, config: Path | None = None, extra: Sequence[str] = ()) -> str:
-        port = free_port()
+        port, metrics_port = free_port(), free_port()
         args = ["proxy", "--listen-port", str(port), "--redis", self.redis_url, *extra]
+        if "--metrics-port" not in extra:  # never the shared default: two gateways would collide
+            args += ["--metrics-port", str(metrics_port)]
         if config is not None:
             args += ["--config", str(config)]
         process = self.spawn(f"gateway-{name}", kvgate_command(*args))
         url = f"http://127.0.0.1:{port}"
         wait_http_ok(f"{url}/readyz", 60, process.proc)
         self.gateway_urls.append(url)
+        self.metrics_urls[url] = f"http://127.0.0.1:{metrics_port}"
         return url
 
     def stop_process(self, name: str) -> None:

@@ -63,6 +63,7 @@ from plugin.flow import state_of
 from plugin.intake import Intake
 from plugin.local import LocalEndpoints
 from plugin.metrics import GatewayMetrics
+from plugin.metrics_server import DEFAULT_METRICS_PORT, MetricsServer
 from plugin.mirror import ClusterMirror
 from plugin.prefix_memo import PromptHasher
 from plugin.process_state import ProcessState
@@ -110,6 +111,8 @@ class KvGate:
         self._started = False
         self._quota_task: asyncio.Task[None] | None = None
         self._profiler: cProfile.Profile | None = None
+        self.metrics_server: MetricsServer | None = None  # the metrics port (plugin/metrics_server.py)
+        self._refresh_task: asyncio.Task[None] | None = None
 
     def _wire(self, pool: SlotPool, releaser: Releaser) -> None:
         """Hand the services to the request-path parts, as one frozen bundle.
@@ -185,6 +188,11 @@ class KvGate:
         loader.add_option(
             "kvgate_worker_max_concurrency", int, 0, "Concurrency of each static worker (0: unknown)."
         )
+        loader.add_option(
+            "kvgate_metrics_port", int, DEFAULT_METRICS_PORT,
+            "Port of /metrics, /healthz and /readyz on their own listener (0: none; -1: any free port).",
+        )  # fmt: skip
+        loader.add_option("kvgate_metrics_host", str, "0.0.0.0", "Address of the metrics port.")
 
     def configure(self, updated: set[str]) -> None:
         if "kvgate_config" in updated:
@@ -295,6 +303,7 @@ class KvGate:
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._on_sigterm)
         logger.info("kvgate: gateway %s running (policy %s)", self.gateway_id, config.routing.policy)
         if isinstance(ctx.master, DumpMaster):  # a gateway process (not a test harness's master)
+            self._start_metrics_port(opts.kvgate_metrics_host, opts.kvgate_metrics_port)
             # everything built so far (mitmproxy, kvgate, config) lives as long as the process: take it
             # out of the cyclic GC's scans (measured: GC 7% -> 4% of gateway CPU at saturation)
             gc.freeze()
@@ -302,7 +311,29 @@ class KvGate:
             self._profiler = cProfile.Profile()
             self._profiler.enable()
 
+    def _start_metrics_port(self, host: str, port: int) -> None:
+        assert self.local is not None
+        if port == 0:
+            return
+        try:
+            self.metrics_server = MetricsServer(
+                self.metrics.registry, self.local.readiness, host, max(port, 0)
+            ).start()
+        except OSError as e:  # a warning, not an error: mitmproxy exits on an error logged at start
+            logger.warning("kvgate: metrics port %s:%s not opened (%s); /metrics stays on the proxy port",
+                           host, port, e)  # fmt: skip
+            return
+        self._refresh_task = spawn(self.local.refresh_forever(1.0), name="kvgate-metrics-refresh")
+        logger.info("kvgate: metrics port listening on http://%s:%s (/metrics, /healthz, /readyz)",
+                    host, self.metrics_server.port)  # fmt: skip
+
     async def done(self) -> None:
+        if self._refresh_task is not None:
+            self._refresh_task.cancel()
+            self._refresh_task = None
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
         for part in (self.queue_signal, self.auditor, self.mirror, self.static, self.router, self.decisions):

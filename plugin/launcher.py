@@ -82,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--worker-max-concurrency", type=int, default=0, help="per static worker (0: unknown)"
     )
+    parser.add_argument(
+        "--metrics-port", type=int, default=9464,
+        help="port of /metrics, /healthz and /readyz on their own listener (default 9464; 0: none)",
+    )  # fmt: skip
+    parser.add_argument("--metrics-host", default="0.0.0.0", help="address of the metrics port")
     parser.add_argument("--gateway-id", default="", help="this gateway's name (default hostname-pid)")
     parser.add_argument("--confdir", default="", help="mitmproxy confdir (default: a private temp dir)")
     parser.add_argument("--log-connections", action="store_true", help="log every client connect/disconnect")
@@ -105,6 +110,8 @@ def mitmdump_args(args: argparse.Namespace, confdir: str) -> list[str]:
         "kvgate_embedded_redis_port": str(args.embedded_redis_port),
         "kvgate_model": args.model,
         "kvgate_worker_max_concurrency": str(args.worker_max_concurrency),
+        "kvgate_metrics_port": str(args.metrics_port),
+        "kvgate_metrics_host": args.metrics_host,
     }
     out = ["--mode", f"reverse:{FALLBACK_UPSTREAM}", "--listen-host", args.listen_host,
            "--listen-port", str(args.listen_port)]  # fmt: skip

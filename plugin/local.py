@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import redis.asyncio as aioredis
 from mitmproxy import http
@@ -17,6 +18,7 @@ from redis.exceptions import RedisError
 
 from plugin.errors import json_response
 from plugin.metrics import GatewayMetrics
+from plugin.metrics_server import Readiness
 from plugin.mirror import ClusterMirror, wall_ms
 from plugin.process_state import ProcessState
 from plugin.routing import Router
@@ -42,6 +44,7 @@ class LocalEndpoints:
         self.gateway_id = gateway_id
         self.redis, self.pool, self.mirror, self.router = redis, pool, mirror, router
         self.metrics, self.process = metrics, process
+        self.readiness = Readiness(gateway=gateway_id)  # what the metrics port's /readyz reads
 
     async def serve(self, endpoint: str) -> http.Response:
         if endpoint == "models":
@@ -78,23 +81,59 @@ class LocalEndpoints:
         return json_response(200 if ok else 503, body)
 
     async def render_metrics(self) -> str:
+        await self.refresh()
+        return self.metrics.render()
+
+    async def refresh(self) -> None:
+        """Set the scrape-time gauges and the readiness snapshot (the metrics port serves both)."""
         m = self.metrics
         m.draining.set(1.0 if self.process.draining else 0.0)
         for model, n in self.process.queued.items():
             m.queue_length.set(n, model)
+        live_total = 0
         if self.mirror is not None:
             now = wall_ms()
             for model in self.mirror.models():
                 workers = self.mirror.workers(model)
                 live = [w for w in workers if w.lease_expiry_ms > now]
+                live_total += sum(1 for w in live if not w.draining)
                 m.workers.set(sum(1 for w in live if not w.draining), model, "routable")
                 m.workers.set(sum(1 for w in live if w.draining), model, "draining")
                 m.workers.set(len(workers) - len(live), model, "expired")
                 routing = self.router.models.get(model)
+                inflight = routing.inflight if routing is not None else {}
                 if routing is not None:
-                    m.inflight.set(sum(routing.inflight.values()), model)
+                    m.inflight.set(sum(inflight.values()), model)
+                for w in workers:
+                    m.worker_inflight.set(inflight.get(w.id, 0), model, w.id)
+                    m.worker_kv_usage.set(w.kv_usage, model, w.id)
+                    m.worker_lease_age.set(max(0.0, (now - w.updated_ms) / 1000) if w.updated_ms else 0.0,
+                                           model, w.id)  # fmt: skip
                 await self._global_admission_metrics(model)
-        return m.render()
+        r = self.readiness
+        r.redis = await self._ping()
+        r.live_workers, r.draining, r.updated_at = live_total, self.process.draining, time.monotonic()
+
+    async def _ping(self) -> bool:
+        if self.redis is None:
+            return False
+        started = time.perf_counter()
+        try:
+            ok = bool(await asyncio.wait_for(self.redis.ping(), 1.0))
+        except (RedisError, OSError, TimeoutError):
+            self.metrics.redis_errors.inc()
+            return False
+        self.metrics.redis_seconds.observe(time.perf_counter() - started)
+        return ok
+
+    async def refresh_forever(self, period_s: float) -> None:
+        """Keep the metrics port's gauges and readiness fresh (a task on the event loop)."""
+        while True:
+            try:
+                await self.refresh()
+            except Exception:  # a refresh must never stop: the next one may work
+                logger.exception("kvgate: metrics refresh failed")
+            await asyncio.sleep(period_s)
 
     async def _global_admission_metrics(self, model: str) -> None:
         if self.pool is None:

@@ -18,6 +18,7 @@ from mitmproxy import http
 
 from plugin.context import GatewayContext
 from plugin.flow import NOT_HELD, FlowState, put_headers, state_of
+from plugin.metrics import outcome_of, reason_class
 from plugin.streaming import SseMeter, Usage
 
 logger = logging.getLogger(__name__)
@@ -90,12 +91,22 @@ class Release:
         metrics = ctx.metrics
         model, band = state.model, state.band_name  # model "" when refused before parsing
         metrics.requests.inc(model, band, str(status))
+        tenant, arm = (state.caller.tenant if state.caller else ""), state.arm
+        metrics.outcomes.inc(model, tenant, band, outcome_of(status), arm)
         route = state.route
         if state.parsed is None or route is None:
             if state.refused is not None or state.parsed is not None:  # refused: one record too
                 ctx.decisions.record(self._refusal_record(state, status, error))
             return
         ctx.router.finished(route)
+        hits = route.view.prefix_hits
+        hit = hits.get(route.worker.id, 0)
+        index = ("exact" if ctx.router.is_exact(model) else "approximate") if hit else "none"
+        metrics.reasons.inc(model, reason_class(route.decision.reason, hit > 0), index, arm)
+        if hits:
+            metrics.reachable_blocks.inc(model, by=max(hits.values()))
+            metrics.achieved_blocks.inc(model, by=hit)
+        metrics.duration.observe(time.monotonic() - state.received_at, model, arm)
         usage: Usage | None
         if state.meter is not None:
             usage = state.meter.finish()
@@ -120,15 +131,20 @@ class Release:
                 ttft = usage.first_token_at - state.received_at
                 record["ttft_ms"] = round(ttft * 1000, 3)
                 if state.meter is not None:
-                    metrics.ttft.observe(ttft, model)
+                    metrics.ttft.observe(ttft, model, arm)
             record["output_tokens"] = usage.output_tokens
             metrics.output_tokens.inc(model, by=usage.output_tokens)
             if usage.prompt_tokens is not None:
                 record["prompt_tokens"] = usage.prompt_tokens
                 metrics.prompt_tokens.inc(model, by=usage.prompt_tokens)
+                blocks = len(route.view.prefix_hashes)
+                if blocks:
+                    estimated = usage.prompt_tokens * min(hit, blocks) / blocks
+                    metrics.estimated_cached.inc(model, route.worker.id, by=estimated)
             if usage.cached_tokens is not None:
                 record["cached_tokens"] = usage.cached_tokens
                 metrics.cached_tokens.inc(model, by=usage.cached_tokens)
+                metrics.actual_cached.inc(model, route.worker.id, by=usage.cached_tokens)
         ctx.decisions.record(record)
 
     def _common_record(self, state: FlowState, status: int, error: str) -> dict[str, Any]:

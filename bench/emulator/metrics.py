@@ -12,9 +12,10 @@ Own metrics: `kvgate_emulator_max_concurrent_requests` (the most requests ever h
 from __future__ import annotations
 
 import bisect
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
 
 # vLLM's buckets (seconds)
 TTFT_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0)
@@ -192,36 +193,13 @@ class Sample:
     value: float
 
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(\s+-?\d+)?\s*$")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)')
-_UNESCAPE = re.compile(r"\\(.)")
-
-
-def _unescape(value: str) -> str:
-    return _UNESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
-
-
 def parse_prometheus_text(text: str) -> list[Sample]:
-    """Samples of a Prometheus text exposition; raises ValueError on a malformed line."""
-    samples = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            raise ValueError(f"line {number}: not a sample: {line!r}")
-        name, label_text, value = match.group(1), match.group(2), match.group(3)
-        labels: dict[str, str] = {}
-        if label_text:
-            body, pos = label_text[1:-1], 0
-            while pos < len(body):
-                label = _LABEL.match(body, pos)
-                if not label:
-                    raise ValueError(f"line {number}: bad labels: {label_text!r}")
-                labels[label.group(1)] = _unescape(label.group(2))
-                pos = label.end()
-        samples.append(Sample(name, labels, float(value)))
-    return samples
+    """Samples of a Prometheus text exposition (prometheus-client's parser); ValueError if malformed."""
+    return [
+        Sample(s.name, dict(s.labels), float(s.value))
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
 
 
 def sample_value(samples: Sequence[Sample], name: str, **labels: str) -> float:

@@ -30,6 +30,7 @@ from aiohttp import web
 from bench.stack import stop_process
 from store.redis_server import free_port
 from tests.polling import until
+from tests.prom import metric as metric
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,6 +54,7 @@ class Gateway:
     gateway_id: str = "gw"
     log_dir: Path = Path("/tmp")
     port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
     env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
     proc: subprocess.Popen[bytes] | None = None
 
@@ -61,12 +63,17 @@ class Gateway:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    @property
     def log(self) -> Path:
         return self.log_dir / f"gateway-{self.gateway_id}-{self.port}.log"
 
     def command(self) -> list[str]:
         args = [sys.executable, "-m", "plugin.cli", "proxy", "--listen-port", str(self.port),
-                "--redis", self.redis_url, "--gateway-id", self.gateway_id]  # fmt: skip
+                "--redis", self.redis_url, "--gateway-id", self.gateway_id,
+                "--metrics-port", str(self.metrics_port)]  # fmt: skip
         if self.config is not None:
             args += ["--config", str(self.config)]
         for url in self.workers:
@@ -231,18 +238,3 @@ def chat(
         {"role": "user", "content": text}
     ]
     return {"model": model, "messages": messages, "stream": stream, "max_tokens": max_tokens}
-
-
-def metric(text: str, name: str, **labels: str) -> float | None:
-    """The value of one sample `name{labels...}` in Prometheus text (label order-insensitive)."""
-    for line in text.splitlines():
-        if not line.startswith(name) or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        sample, _, label_text = head.partition("{")
-        if sample != name:
-            continue
-        found = dict(part.split("=", 1) for part in label_text.rstrip("}").split(",") if "=" in part)
-        if all(found.get(k, "").strip('"') == v for k, v in labels.items()):
-            return float(value)
-    return None

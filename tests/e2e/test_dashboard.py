@@ -81,7 +81,7 @@ async def test_every_dashboard_panel_returns_data_from_a_real_prometheus(tmp_pat
         )
         gateway = stack.start_gateway("g0", config=config, extra=["--gateway-id", "g0"])
         prom = PrometheusServer(tmp_path / "prometheus", {
-            "kvgate-gateway": [gateway.removeprefix("http://")],
+            "kvgate-gateway": [stack.metrics_urls[gateway].removeprefix("http://")],  # the metrics port
             "kvgate-agent": [f"127.0.0.1:{p}" for p in agent_ports],
         }).start()  # fmt: skip
 

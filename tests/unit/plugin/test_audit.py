@@ -15,6 +15,7 @@ from policy.types import Band
 from store import index_store, registry
 from store.registry import WorkerRecord
 from store.slots import SlotPool, Ticket, set_quota
+from tests.prom import metric
 
 MODEL = "llama"
 
@@ -89,7 +90,7 @@ async def test_auditor_exports_persistent_drift_and_holds_the_lock(redis: aiored
         second = await auditor.audit_once()
         assert second is not None
         assert second[MODEL] == Drift(MODEL, frozenset({"r3"}), frozenset({"bypass"}))
-        assert 'kvgate_slot_drift{model="llama"} 2' in metrics.render()
+        assert metric(metrics.render(), "kvgate_slot_drift", model="llama") == 2
         await auditor.close()  # gives the lock up
         assert await other.audit_once() is not None
 
