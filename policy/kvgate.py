@@ -103,15 +103,19 @@ class KvgatePolicy:
         prompt = max(req.prompt_tokens, 1)
         hits = {w.id: effective_hit_tokens(req, w.id, c.min_cache_gain) for w in candidates}
         replicate = self._replicate_hot(req, hits)
-        if replicate:  # a hot prefix that may grow a replica: the next replica is an investment, not a miss
-            hits = dict.fromkeys(hits, max(hits.values()))
+        # a hot prefix that may grow a replica: the replica's prefill is an investment, not miss work
+        # (it still counts in this request's TTFT: that is where it lands)
+        kept = dict.fromkeys(hits, max(hits.values())) if replicate else hits
         scores: dict[str, dict[str, float]] = {}
         costs: dict[str, float] = {}
         hot = req.prefix_rate >= c.replicas.hot_rate_per_s
         bonus = c.sticky.bonus if (c.sticky.hot_bonus or not hot) else 0.0
         for w in candidates:
             hit = hits[w.id]
-            ttft_s, miss_s, cost_s = self.cost.parts(req, w, hit)
+            ttft_s, miss_s, cost_s = self.cost.parts(req, w, hit, kept[w.id])
+            if kept[w.id] > hit:  # a new replica: its one-time prefill, shared by the requests it will serve
+                free_ttft = self.cost.parts(req, w, kept[w.id])[0]
+                cost_s -= (ttft_s - free_ttft) * (1.0 - 1.0 / (1.0 + self._replica_share(req, hits)))
             costs[w.id] = cost_s * (1.0 - cold[w.id])
             if w.id == req.sticky_worker:
                 costs[w.id] *= 1.0 - bonus
@@ -130,6 +134,11 @@ class KvgatePolicy:
     @cached_property
     def _cold_start(self) -> ColdStart:
         return ColdStart(self.config.cold_start.period_s, self.config.cold_start.discount)
+
+    def _replica_share(self, req: RequestView, hits: dict[str, int]) -> float:
+        """Requests of the prefix a new replica can expect within the stickiness window (rate ÷ replicas)."""
+        holders = sum(1 for h in hits.values() if h > 0)
+        return req.prefix_rate * self.config.sticky.window_s / (holders + 1)
 
     def _replicate_hot(self, req: RequestView, hits: dict[str, int]) -> bool:
         """Hot prefix with non-holders among the candidates: below the cap, or ReplicaCap found the

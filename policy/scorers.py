@@ -116,11 +116,18 @@ class ServeCost:
     ttft: PredictedTtft
     miss_weight: float = 1.0
 
-    def parts(self, req: RequestView, w: WorkerView, hit: int) -> tuple[float, float, float]:
-        """(predicted TTFT, own uncached prefill, cost) of the request on `w` with `hit` cached tokens."""
+    def parts(
+        self, req: RequestView, w: WorkerView, hit: int, kept_hit: int | None = None
+    ) -> tuple[float, float, float]:
+        """(predicted TTFT, own uncached prefill, cost) of the request on `w` with `hit` cached tokens.
+
+        `kept_hit` (default `hit`): the prefix the miss-work term treats as cached. A new replica of a
+        hot prefix pays its prefill in this request's TTFT, honestly, but not again as miss work: the
+        replica is an investment later requests draw on, not work they wait for."""
         model = self.ttft.model
         ttft = model.ttft_s(w, req.prompt_tokens - hit, hit, late=self.ttft.late)
-        miss = model.own_prefill_s(req.prompt_tokens - hit, hit)
+        kept = hit if kept_hit is None else max(hit, kept_hit)
+        miss = model.own_prefill_s(req.prompt_tokens - kept, kept)
         return ttft, miss, ttft + self.miss_weight * miss
 
     def cost_s(self, req: RequestView, w: WorkerView) -> float:

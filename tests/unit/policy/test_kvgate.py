@@ -215,3 +215,13 @@ def test_sticky_holds_while_its_wait_is_below_the_recompute_elsewhere() -> None:
     # 2.5 s late: 4.5 s TTFT > 4 s elsewhere: released, and the cost model sends it to b
     d = WEIGHTED.decide(r, [w("a", 900, overdue_s=2.5), w("b", 0)], random.Random(0), 0.0)
     assert d.worker == "b" and d.scores["a"]["predicted-ttft"] == pytest.approx(2.9)  # the model alone
+
+
+def test_a_new_replica_pays_its_prefill_shared_by_the_requests_it_will_serve() -> None:
+    # hot at 1 req/s, one holder, 30 s window: a replica expects 1 × 30 / 2 = 15 requests, so b is
+    # charged 2 s / 16 = 0.125 s of its 2 s prefill (not 0: replicas are not free)
+    hot = req({"a": 4}, prefix_rate=1.0)
+    policy = KvgatePolicy(dataclasses.replace(CONFIG, replicas=ReplicaConfig(hot_rate_per_s=1.0)))
+    assert policy.decide(hot, [w("a", 100), w("b", 0)], random.Random(0), 0.0).worker == "a"  # 0.1 s wait
+    d = policy.decide(hot, [w("a", 200), w("b", 0)], random.Random(0), 0.0)  # 0.2 s wait: replicate
+    assert d.worker == "b" and d.scores["b"]["predicted-ttft"] == pytest.approx(2.0)
