@@ -189,6 +189,18 @@ class GatewayMetrics:
             ("model", "reason"),
         )
 
+        # explicit session affinity (plugin/sessions.py, policy/session.py)
+        self.session_routes = Counter(
+            "kvgate_session_routes_total",
+            "Requests with a session id, by what the session did (new, followed, decided, moved).",
+            ("model", "outcome"),
+        )
+        self.sessions_closed = Counter(
+            "kvgate_sessions_closed_total",
+            "Sessions their client closed (x-kvgate-session-close).",
+            ("model",),
+        )
+
     def all(self) -> list[Counter | Histogram]:
         return [m for m in vars(self).values() if isinstance(m, Counter | Histogram)]
 
