@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from policy.config import ColdStartConfig, RoutingConfig, SessionConfig, TtftModelConfig
+from policy.config import SessionConfig
 from policy.kvgate import KvgatePolicy
 from policy.session import (
     CREDIT,
@@ -18,18 +18,8 @@ from policy.session import (
     with_session,
 )
 from policy.types import RequestView, WorkerView
+from tests.unit.policy.test_kvgate import CONFIG  # 1000 tokens/s, no overhead: costs by hand
 
-# 1000 prefill tokens/s, no decode slowdown, no overhead: costs are easy to compute by hand
-CONFIG = RoutingConfig(
-    ttft=TtftModelConfig(
-        prefill_tokens_per_s=1000.0,
-        decode_slowdown=0.0,
-        overhead_s=0.0,
-        attention_s_per_token_ctx=0.0,
-        miss_weight=0.0,
-    ),
-    cold_start=ColdStartConfig(period_s=0.0),
-)
 POLICY = KvgatePolicy(CONFIG)
 
 
