@@ -71,6 +71,7 @@ from plugin.quotas import ensure_quotas
 from plugin.release import Release
 from plugin.releaser import Releaser
 from plugin.routing import Router
+from plugin.sessions import SessionAffinity
 from plugin.static_workers import StaticWorkers
 from plugin.workers import WorkerPool
 from policy.pressure import PressureTracker
@@ -98,6 +99,7 @@ class KvGate:
         self.releaser: Releaser | None = None
         self.mirror: ClusterMirror | None = None
         self.router = Router(self.config.routing)
+        self.sessions = SessionAffinity(None, self.router.policy_config.session.ttl_s, self.metrics)
         self.hasher = PromptHasher()  # prefix hashes, shared prefixes hashed once (plugin/prefix_memo.py)
         self.decisions = DecisionLog(None)
         self.static: StaticWorkers | None = None
@@ -129,6 +131,7 @@ class KvGate:
             gateway_id=self.gateway_id, config=self.config, auth=self.auth, metrics=self.metrics,
             workers=self.workers, router=self.router, hasher=self.hasher, pool=pool, releaser=releaser,
             pressure=self.pressure, decisions=self.decisions, process=self.process, local=self.local,
+            sessions=self.sessions,
         )  # fmt: skip
         dispatch = Dispatch(
             collect_usage=self.config.streaming.collect_usage, metrics=self.metrics,
@@ -267,6 +270,8 @@ class KvGate:
             tokenizers=config.tokenizers(),
         )
         await self.router.start()
+        self.sessions = SessionAffinity(self.redis, self.router.policy_config.session.ttl_s, self.metrics)
+        await self.sessions.start()
         self.decisions = DecisionLog(
             self.redis if config.decision_log.redis_stream else None,
             maxlen=config.decision_log.stream_maxlen,
@@ -336,7 +341,16 @@ class KvGate:
             self.metrics_server = None
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
-        for part in (self.queue_signal, self.auditor, self.mirror, self.static, self.router, self.decisions):
+        parts = (
+            self.queue_signal,
+            self.auditor,
+            self.mirror,
+            self.static,
+            self.router,
+            self.sessions,
+            self.decisions,
+        )
+        for part in parts:
             if part is not None:
                 with contextlib.suppress(Exception):
                     await part.close()
@@ -386,13 +400,16 @@ class KvGate:
         route = self.router.choose(
             request_id=state.request_id, model=old.model, prompt=state.prompt,
             max_tokens=state.parsed.max_tokens, band=state.caller.band, tenant=state.caller.tenant,
-            workers=others,
+            workers=others, session=state.session.binding if state.session is not None else None,
+            streamed=state.parsed.stream,
         )  # fmt: skip
         if route is None:
             return False
         self.router.finished(old)
         self.router.reserve(route)
         state.route = route
+        if state.session is not None:
+            self.sessions.rerouted(route, state.session)
         up = route.upstream
         flow.request.scheme, flow.request.data.host, flow.request.port = up.scheme, up.host, up.port
         self.metrics.retried.inc(old.model, old.worker.id)

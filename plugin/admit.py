@@ -61,6 +61,8 @@ class Admission:
         if client.timestamp_end is not None:  # left before we got here
             _kill(flow)
             return
+        if state.session is not None:  # its binding, for the routing choice (policy/session.py)
+            await ctx.sessions.lookup(parsed.model, state.session)
         section = ctx.config.models.get(parsed.model, DEFAULT_MODEL)
         placement = Placement(
             ctx, ticket, section, lambda exclude: self.plan(found, exclude), ttft_slo_s=caller.ttft_slo_s
@@ -105,6 +107,8 @@ class Admission:
             raise_as_response(flow, result)
             return
         state.lease, state.route = result.lease, result.route
+        if state.session is not None:
+            ctx.sessions.routed(result.route, state.session)
         state.queued_s = now_s() - started
         state.held = result.held()
         ctx.metrics.admission_wait.observe(state.queued_s, parsed.model, state.band_name)
@@ -116,10 +120,12 @@ class Admission:
         workers = self.ctx.workers.routable(parsed.model)
         if exclude:
             workers = [w for w in workers if w.id not in exclude]
+        session = found.state.session
         return self.ctx.router.choose(
             request_id=found.state.request_id, model=parsed.model, prompt=found.prompt,
             max_tokens=parsed.max_tokens, band=caller.band, tenant=caller.tenant, workers=workers,
             arm=found.state.arm,
+            session=session.binding if session is not None else None, streamed=parsed.stream,
         )  # fmt: skip
 
     def seats(self, model: str, prompt: Prompt, max_tokens: int) -> int:

@@ -18,6 +18,7 @@ from plugin.prefix_memo import PromptHasher
 from plugin.process_state import ProcessState
 from plugin.releaser import Releaser
 from plugin.routing import Router
+from plugin.sessions import SessionAffinity
 from plugin.workers import WorkerPool
 from policy.pressure import PressureTracker
 from store.slots import SlotPool
@@ -38,3 +39,4 @@ class GatewayContext:
     decisions: DecisionLog  # one record per finished request
     process: ProcessState  # draining; who waits for admission
     local: LocalEndpoints  # /v1/models, /healthz, /metrics
+    sessions: SessionAffinity  # explicit session affinity: bindings in Redis (plugin/sessions.py)

@@ -23,6 +23,7 @@ from store.slots import LeaseLost
 if TYPE_CHECKING:
     from plugin.auth import Caller
     from plugin.parse import ParsedRequest
+    from plugin.sessions import SessionRef
     from plugin.streaming import SseMeter
     from policy.types import Decision, RequestView
     from store.registry import WorkerRecord
@@ -60,6 +61,7 @@ class Route:
     decision: Decision
     view: RequestView
     first_token_seen: bool = False
+    streamed: bool = True  # a first-token signal comes back before the end (the ledger's lateness)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +90,7 @@ class FlowState:
     parsed: ParsedRequest | None = None
     caller: Caller | None = None
     prompt: Prompt | None = None  # set by intake with the caller and the body
+    session: SessionRef | None = None  # x-kvgate-session-id (plugin/sessions.py), validated by intake
     lease: Lease | None = None  # while a slot is held; popped exactly once on release
     queued_s: float = 0.0
     held: Held | None = None  # set when admission held the request (quota or a full worker)

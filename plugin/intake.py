@@ -20,6 +20,7 @@ from plugin.endpoints import route_for
 from plugin.errors import GatewayError
 from plugin.flow import STATE, FlowState, answered, fail_closed, now_s
 from plugin.parse import parse_completion
+from plugin.sessions import session_ref
 
 
 class HeaderMap(dict[str, str]):
@@ -95,6 +96,7 @@ class Intake:
             state.client_request_id = correlation_id(headers.get("x-request-id"))
             if state.client_request_id:
                 state.request_id = lease_id(state.client_request_id)
+            state.session = session_ref(headers)
             if ctx.process.draining:
                 raise GatewayError(
                     503, "draining", "the gateway is shutting down; retry elsewhere", retry_after_s=1

@@ -283,6 +283,19 @@ class GatewayMetrics:
         self.redis_errors = Counter(
             r, "kvgate_redis_errors_total", "Failed Redis round trips of the metrics refresher.", ()
         )
+        # explicit session affinity (plugin/sessions.py, policy/session.py)
+        self.session_routes = Counter(
+            r,
+            "kvgate_session_routes_total",
+            "Requests with a session id, by what the session did (new, followed, decided, moved).",
+            ("model", "outcome"),
+        )
+        self.sessions_closed = Counter(
+            r,
+            "kvgate_sessions_closed_total",
+            "Sessions their client closed (x-kvgate-session-close).",
+            ("model",),
+        )
 
     def all(self) -> list[_Family]:
         return [m for m in vars(self).values() if isinstance(m, _Family)]

@@ -42,6 +42,8 @@ class Release:
                 ours.append(("x-kvgate-worker", state.route.worker.id))
             if state.lease is not None or state.queued_s:
                 ours.append(("x-kvgate-queued-ms", str(round(state.queued_s * 1000))))
+            if state.session is not None and state.session.outcome:  # what the session did
+                ours.append(("x-kvgate-session", state.session.outcome))
             if (held := state.held) is not None:  # which admission step held it
                 ours.append(("x-kvgate-held-by", held.held_by))
                 ours.append(("x-kvgate-reroutes", str(held.reroutes)))
@@ -94,6 +96,8 @@ class Release:
         tenant, arm = (state.caller.tenant if state.caller else ""), state.arm
         metrics.outcomes.inc(model, tenant, band, outcome_of(status), arm)
         route = state.route
+        if state.session is not None:
+            ctx.sessions.finished(model, state.session)
         if state.parsed is None or route is None:
             if state.refused is not None or state.parsed is not None:  # refused: one record too
                 ctx.decisions.record(self._refusal_record(state, status, error))
@@ -126,6 +130,11 @@ class Release:
             capacity_tokens=route.worker.capacity_tokens,
         )
         record.update(state.held.record() if state.held is not None else NOT_HELD)
+        if state.session is not None:
+            record["session"] = {
+                "id": state.session.id, "outcome": state.session.outcome, "close": state.session.close,
+                "bound_worker": state.session.binding.worker if state.session.binding else None,
+            }  # fmt: skip
         if usage is not None:
             if usage.first_token_at is not None:
                 ttft = usage.first_token_at - state.received_at

@@ -23,9 +23,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import random
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -43,7 +44,9 @@ from policy.candidates import candidate_indices
 from policy.config import RoutingConfig
 from policy.index import PrefixIndex
 from policy.kvgate import build_policy
+from policy.ledger import InflightLedger
 from policy.prefix import CHARS_PER_TOKEN
+from policy.session import SessionBinding, with_session
 from policy.state import RoutingState
 from policy.types import Band, Decision, RequestView, WorkerView
 from runtime.tasks import cancel_and_wait, spawn
@@ -88,9 +91,20 @@ class ModelRouting:
         self.blocks_per_token = blocks_per_token
         index = PrefixIndex(self._capacity_blocks(DEFAULT_CAPACITY_TOKENS))
         self.state = RoutingState(config, index, insert_on_commit=not exact or speculative)
-        self.inflight: dict[str, int] = defaultdict(int)
-        self.pending_prefill: dict[str, int] = defaultdict(int)
+        # this gateway's R signals per worker, as the simulator keeps them (policy/ledger.py): requests in
+        # flight, uncached prefill awaiting its first token, and how late the most overdue of those is
+        self.ledger = InflightLedger()
         self.capacity_set: dict[str, int] = {}
+
+    @property
+    def inflight(self) -> dict[str, int]:
+        """Requests in flight per worker seen (for metrics and drain)."""
+        return {w: self.ledger.inflight(w) for w in self.capacity_set}
+
+    @property
+    def pending_prefill(self) -> dict[str, int]:
+        """Uncached prefill tokens awaiting their first token, per worker seen."""
+        return {w: self.ledger.pending_prefill_tokens(w) for w in self.capacity_set}
 
     def _capacity_blocks(self, tokens: int) -> int:
         return max(1, int(tokens * self.blocks_per_token))
@@ -103,18 +117,20 @@ class ModelRouting:
                 self.state.index.set_capacity(w.id, self._capacity_blocks(capacity))
                 self.capacity_set[w.id] = capacity
 
-    def views(self, workers: Sequence[WorkerRecord]) -> list[WorkerView]:
+    def views(self, workers: Sequence[WorkerRecord], now_s: float) -> list[WorkerView]:
         self.size_index(workers)
         out = []
+        ledger = self.ledger
         for w in workers:
             out.append(
                 WorkerView(
                     id=w.id,
-                    inflight=self.inflight[w.id],
+                    inflight=ledger.inflight(w.id),
                     running=w.running,
                     waiting=w.waiting,
                     kv_usage=w.kv_usage,
-                    pending_prefill_tokens=self.pending_prefill[w.id],
+                    pending_prefill_tokens=ledger.pending_prefill_tokens(w.id),
+                    overdue_s=ledger.overdue_s(w.id, now_s),
                     capacity_tokens=w.capacity_tokens,
                     max_concurrency=w.max_concurrency,
                     joined_s=w.joined_ms / 1000,
@@ -245,6 +261,8 @@ class Router:
         tenant: str,
         workers: Sequence[WorkerRecord],
         arm: str = DEFAULT_ARM,
+        session: SessionBinding | None = None,
+        streamed: bool = True,
     ) -> Route | None:
         """The route for a request among routable `workers`, or None if the policy rejects them all.
 
@@ -256,17 +274,18 @@ class Router:
         now = time.monotonic()
         routing = self.model(model)
         workers = self._candidates(routing, prompt, workers)
-        views = routing.state.observe_workers(routing.views(workers), now)
+        views = routing.state.observe_workers(routing.views(workers, now), now)
         view = routing.state.prepare(
             request_id=request_id, prefix_hashes=prompt.hashes, block_tokens=prompt.block_tokens,
             prompt_tokens=prompt.prompt_tokens, workers=views, now_s=now, model=model,
             max_tokens=max_tokens, band=band, tenant=tenant,
         )  # fmt: skip
+        view = with_session(view, session)  # the client's session binding, if any (policy/session.py)
         decision = self._decide(view, views, now, arm)
         if decision.worker is None:
             return None
         worker = next(w for w in workers if w.id == decision.worker)
-        return Route(model, worker, self.upstream(worker.url), decision, view)
+        return Route(model, worker, self.upstream(worker.url), decision, view, streamed=streamed)
 
     def _candidates(
         self, routing: ModelRouting, prompt: Prompt, workers: Sequence[WorkerRecord]
@@ -294,12 +313,15 @@ class Router:
         return route
 
     def reserve(self, route: Route) -> None:
-        """Count the route's request as in flight on its worker (undone by `finished()`)."""
-        routing = self.model(route.model)
+        """Count the route's request as in flight on its worker (undone by `finished()`): in the ledger,
+        with its uncached prefill and the first token the policy predicted. A request that is not
+        streamed has no first-token signal before it ends, so it is never counted late."""
         worker, view = route.worker.id, route.view
         route.first_token_seen = False
-        routing.inflight[worker] += 1
-        routing.pending_prefill[worker] += max(0, view.prompt_tokens - view.hit_tokens(worker))
+        scores = route.decision.scores.get(worker, {})
+        predicted = scores.get("predicted-ttft", 0.0) if route.streamed else math.inf
+        uncached = max(0, view.prompt_tokens - view.hit_tokens(worker))
+        self.model(route.model).ledger.dispatch(view.id, worker, uncached, predicted, time.monotonic())
 
     def record(self, route: Route) -> None:
         """Write the routing history: prefix index (approximate mode), stickiness, prefix rate."""
@@ -343,19 +365,15 @@ class Router:
 
     # -- outcome accounting --------------------------------------------------------------------------
     def first_token(self, route: Route) -> None:
+        """The route's first token came back: its prefill is no longer queued, nor late (idempotent)."""
         if not route.first_token_seen:
             route.first_token_seen = True
-            pending = self.model(route.model).pending_prefill
-            pending[route.worker.id] = max(
-                0,
-                pending[route.worker.id]
-                - max(0, route.view.prompt_tokens - route.view.hit_tokens(route.worker.id)),
-            )
+            self.model(route.model).ledger.first_token(route.view.id, time.monotonic())
 
     def finished(self, route: Route) -> None:
+        """The route's request ended (any way) or gave its reservation back."""
         self.first_token(route)
-        inflight = self.model(route.model).inflight
-        inflight[route.worker.id] = max(0, inflight[route.worker.id] - 1)
+        self.model(route.model).ledger.finish(route.view.id, time.monotonic())
 
     # -- index feed from the mirror ------------------------------------------------------------------
     def apply_index_ops(self, model: str, ops: Sequence[index_store.IndexOp]) -> None:

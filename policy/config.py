@@ -119,6 +119,23 @@ class ReplicaConfig:
 
 
 @dataclass(frozen=True)
+class SessionConfig:
+    """Explicit session affinity (policy/session.py): a client's session id as a soft preference."""
+
+    weight: float = field(
+        default=1.0,
+        metadata={"help": "share (0–1) of the session worker's believed cache credited to its cost; 0 = off"},
+    )
+    ttl_s: float = field(
+        default=600.0, metadata={"help": "an idle session's binding expires after this many seconds"}
+    )
+
+    def __post_init__(self) -> None:
+        _check_range("weight", self.weight, 0.0, 1.0)
+        _check_range("ttl_s", self.ttl_s, 1.0, 86_400.0)
+
+
+@dataclass(frozen=True)
 class ArticleConfig:
     """The article's score (seed §2.3): W_LOAD·load + W_CACHE·(1 − hit/len) + W_STABLE·stable, lowest wins."""
 
@@ -151,6 +168,7 @@ class RoutingConfig:
     cold_start: ColdStartConfig = field(default_factory=ColdStartConfig)
     replicas: ReplicaConfig = field(default_factory=ReplicaConfig)
     article: ArticleConfig = field(default_factory=ArticleConfig)
+    session: SessionConfig = field(default_factory=SessionConfig)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

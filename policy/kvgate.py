@@ -5,6 +5,8 @@
                 → StickyHold (within the window a prefix stays on its worker unless overloaded)
     cost(w)     = (ttft(w) + miss_weight × own_prefill(w)) × (1 − cold_start(w))
                   ttft = TtftModel.ttft_s(w, prompt − effective_hit(w)); own_prefill = its uncached part
+                  − session credit (policy/session.py: the session worker of an explicit session id, only
+                  while the hold limit below allows; a separate term)
     winner      = argmin cost, seeded tie-break
 
 effective_hit(w) is the worker's cached prompt prefix, ignored below `min_cache_gain` of the prompt (30 %).
@@ -36,6 +38,7 @@ from policy.filters import Eligible, Filter, HardOverload, ReplicaCap, StickyHol
 from policy.pickers import MinCost
 from policy.profile import RoutingPolicy, run_filters
 from policy.scorers import ColdStart, PredictedTtft, ServeCost, TtftModel, effective_hit_tokens
+from policy.session import CREDIT, DECIDED, SessionPreference
 from policy.types import Decision, RequestView, WorkerView
 
 
@@ -126,10 +129,19 @@ class KvgatePolicy:
                 "cold-start": cold[w.id],
                 "cost": costs[w.id],
             }
+        if req.session_worker is not None:  # explicit session affinity: one separate term (policy/session.py)
+            self._session.adjust(req, candidates, hits, costs, scores)
         winner = MinCost().pick(costs, rng)
         if replicate:
             narrowed = [*narrowed, "replicate"]
+        if scores[winner].get(DECIDED):
+            narrowed = [*narrowed, "session"]
         return Decision(worker=winner, reason=_reason(req, winner, scores[winner], narrowed), scores=scores)
+
+    @cached_property
+    def _session(self) -> SessionPreference:
+        guard = ServeCost(self.guard_ttft, miss_weight=self.config.ttft.miss_weight)
+        return SessionPreference(self.cost, guard, weight=self.config.session.weight)
 
     @cached_property
     def _cold_start(self) -> ColdStart:
@@ -150,6 +162,8 @@ class KvgatePolicy:
 
 def _reason(req: RequestView, winner: str, parts: dict[str, float], narrowed: list[str]) -> str:
     ttft = f"predicted TTFT {parts['predicted-ttft']:.3f} s"
+    if "session" in narrowed:
+        return f"session on {winner} (its cache believed {parts[CREDIT]:.3f} s cheaper), {ttft}"
     if "sticky-hold" in narrowed:
         return f"sticky on {winner} (prefix {parts['prefix-match']:.2f}), {ttft}"
     held = " among replicas (cap)" if "replica-cap" in narrowed else ""

@@ -83,6 +83,10 @@ class RequestView:
     sticky_since_s: float | None = None
     # measured request rate (req/s) of the leading prefix, for the hot-prefix replica cap
     prefix_rate: float = 0.0
+    # explicit session affinity (policy/session.py): the worker the client's session is bound to, and
+    # the prompt tokens of the session's last request there (what that worker is believed to hold)
+    session_worker: str | None = None
+    session_tokens: int = 0
 
     def hit_tokens(self, worker_id: str) -> int:
         """Prompt tokens covered by the blocks `worker_id` holds."""

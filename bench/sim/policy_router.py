@@ -18,6 +18,12 @@ Index models (`index`, `kvgate bench sim --index exact,approx,oracle`, docs/SIMU
           happen, plus speculative entries for a routed request's blocks that expire after
           `speculative_ttl_s` unless an event confirmed them (the gateway's exact mode, docs/ROUTING.md);
   oracle  the engines' true caches at routing time (events applied at once, no speculation).
+
+Sessions (`sessions=True`, the `kvgate_session` policy): the clients send their session ids (a WEKA
+conversation is one session, closed by its last call), and the router keeps their bindings in a
+`policy.session.SessionTable` with the TTL and early close the gateway keeps in Redis; the policy
+sees them as `RequestView.session_worker` (policy/session.py). Without it, the same policy routes the
+same requests as clients without a session header.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from policy.index import PrefixIndex
 from policy.kvgate import build_policy
 from policy.ledger import InflightLedger
 from policy.profile import RoutingPolicy
+from policy.session import SessionTable, outcome, with_session
 from policy.state import RoutingState
 
 _DEFAULT_INDEX_BLOCKS = 1 << 20  # until the first request tells the block size
@@ -50,6 +57,7 @@ class PolicyRouter:
         index: str = "approx",
         event_delay_s: float = 0.05,
         speculative_ttl_s: float = 2.0,
+        sessions: bool = False,
     ) -> None:
         if index not in INDEX_MODELS:
             raise ValueError(f"unknown index model {index!r}; known: {', '.join(INDEX_MODELS)}")
@@ -70,6 +78,8 @@ class PolicyRouter:
         self._block_size = 0
         self.decisions = 0
         self.reasons: dict[str, int] = {}  # first words of Decision.reason -> count (for tuning reports)
+        self.sessions = SessionTable(config.session.ttl_s) if sessions else None
+        self.session_outcomes: dict[str, int] = {}  # policy.session.outcome -> routed requests
 
     def _size_index(self, req: SimRequest, cluster: ClusterView) -> None:
         block = max(req.block_tokens, default=0)
@@ -123,6 +133,8 @@ class PolicyRouter:
             band=req.band,
             tenant=req.tenant,
         )
+        if self.sessions is not None and req.session is not None:
+            view = with_session(view, self.sessions.lookup(req.session, now_s))
         decision = self.policy.decide(view, views, self._rng, now_s)
         self.decisions += 1
         key = decision.reason.split(" on ")[0].split(" (")[0]
@@ -136,6 +148,10 @@ class PolicyRouter:
         uncached = max(0, req.input_tokens - view.hit_tokens(worker))
         predicted = decision.scores.get(worker, {}).get("predicted-ttft", 0.0)
         self.ledger.dispatch(str(req.id), worker, uncached, predicted, now_s)
+        if self.sessions is not None and req.session is not None:
+            kind = outcome(view, dataclasses.replace(decision, worker=worker))
+            self.session_outcomes[kind] = self.session_outcomes.get(kind, 0) + 1
+            self.sessions.started(req.session, worker, req.input_tokens, now_s)
         return worker
 
     def on_first_token(self, req: SimRequest, worker_id: str, now_s: float) -> None:
@@ -143,6 +159,8 @@ class PolicyRouter:
 
     def on_finish(self, req: SimRequest, worker_id: str, now_s: float) -> None:
         self.ledger.finish(str(req.id), now_s)
+        if self.sessions is not None and req.session is not None:
+            self.sessions.finished(req.session, now_s, close=req.session_close)
 
 
 def make_kvgate_router(seed: int, config: RoutingConfig | None = None, index: str = "approx") -> Router:
@@ -153,3 +171,11 @@ def make_kvgate_router(seed: int, config: RoutingConfig | None = None, index: st
 def make_article_router(seed: int, config: RoutingConfig | None = None, index: str = "approx") -> Router:
     """The article's formula (policy/article.py), weights 1.2 / 0.7 / 0.3, 30 % minimum gain, stickiness."""
     return PolicyRouter("article", config or RoutingConfig(policy="article"), seed, index=index)
+
+
+def make_kvgate_session_router(
+    seed: int, config: RoutingConfig | None = None, index: str = "approx"
+) -> Router:
+    """kvgate's default policy with clients that send their session ids (policy/session.py)."""
+    config = config or RoutingConfig(policy="kvgate")
+    return PolicyRouter("kvgate_session", config, seed, index=index, sessions=True)

@@ -29,6 +29,7 @@ POLICIES: dict[str, str] = {
     "preble": "bench.peers.preble:make_router",
     "article": "bench.sim.policy_router:make_article_router",
     "kvgate": "bench.sim.policy_router:make_kvgate_router",
+    "kvgate_session": "bench.sim.policy_router:make_kvgate_session_router",
 }
 
 
@@ -52,7 +53,11 @@ def load_factory(name: str) -> RouterFactory:
     return factory  # type: ignore[no-any-return]
 
 
-INDEXED = ("kvgate", "article")  # policies that take an index model: "kvgate@exact" (policy_router.py)
+INDEXED = (
+    "kvgate",
+    "kvgate_session",
+    "article",
+)  # policies that take an index model: "kvgate@exact" (policy_router.py)
 
 
 def split_index(name: str) -> tuple[str, str | None]:

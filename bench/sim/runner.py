@@ -37,7 +37,7 @@ from bench.sim.scenarios import (
     overload_utilisation,
 )
 from bench.sim.traces import TRACE_BLOCK_TOKENS, WekaOptions, is_weka_source, load_trace, load_weka
-from bench.sim.types import SimRequest
+from bench.sim.types import Router, SimRequest
 
 CDF_POINTS = 1000  # TTFT samples kept per policy for the CDF plot
 
@@ -158,9 +158,11 @@ def run_policy(
     `admission` gate, add goodput and per-band metrics, and the high-band TTFT p99 of `reference`."""
     started = time.perf_counter()
     profile = load_profile(profile_name)
+    routers: list[Router] = []
 
     def sim(reqs: Sequence[SimRequest], report: Callable[[int, int], None] | None) -> SimResult:
         router = make_router(policy, seed)
+        routers.append(router)
         if admission is None:
             return simulate(reqs, router, profile, workers, scrape_period_s=scrape_period_s, progress=report)
         # imported here: a change in policy/admission.py must not break runs without a gate
@@ -177,6 +179,9 @@ def run_policy(
 
     result = sim(requests, progress)
     metrics = compute_metrics(result, requests, profile)
+    sessions = getattr(routers[0], "session_outcomes", None)  # kvgate_session: policy.session.outcome counts
+    if sessions:
+        metrics["session_outcomes"] = dict(sorted(sessions.items()))
     if admission is not None:
         metrics |= admission_metrics(result, requests)
         metrics["rejected"] = sum(r.rejected for r in result.records)

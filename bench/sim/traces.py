@@ -193,7 +193,10 @@ def load_weka(path: str | Path, options: WekaOptions | None = None) -> list[SimR
     for conv, ((_, calls), offset) in enumerate(zip(chosen, offsets, strict=True)):
         for k, call in enumerate(calls):
             ids, sizes = blocks.chain(conv, call)
-            req = SimRequest(0, 0.0, call.input_tokens, call.output_tokens, ids, sizes)
+            req = SimRequest(
+                0, 0.0, call.input_tokens, call.output_tokens, ids, sizes,
+                session=f"weka-{conv}", session_close=k == len(calls) - 1,  # one client session each
+            )  # fmt: skip
             rows.append((offset + call.t, conv, k, req))
     rows.sort(key=lambda row: row[:3])
     start = rows[0][0]

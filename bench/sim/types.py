@@ -39,6 +39,10 @@ class SimRequest:
     bypass: bool = False
     # churn: these workers restart (lose their prefix cache) just before this request arrives
     restart_before: tuple[str, ...] = ()
+    # explicit session affinity (policy/session.py): the client's session id (a WEKA conversation),
+    # and whether this request is the session's last (the client closes the session with it)
+    session: str | None = None
+    session_close: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,14 +5,16 @@ lateness counted in that prediction."""
 from __future__ import annotations
 
 import dataclasses
+import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policy.config import ColdStartConfig, ReplicaConfig, RoutingConfig, StickyConfig
-from policy.filters import ReplicaCap, StickyHold
+from policy.filters import HardOverload, ReplicaCap, StickyHold
 from policy.kvgate import KvgatePolicy
 from policy.scorers import effective_hit_tokens
+from policy.session import SessionBinding, outcome, session_view, with_session
 from policy.types import RequestView, WorkerView
 
 IDS = [f"w{i}" for i in range(6)]
@@ -96,3 +98,21 @@ def test_lateness_only_ever_raises_the_prediction(
         assert model.ttft_s(slower, 1000, 0, late=True) >= model.ttft_s(w, 1000, 0, late=True)
         assert model.ttft_s(slower, 1000, 0, late=True) >= model.overhead_s + slower.overdue_s
         assert model.ttft_s(slower, 1000, 0) == model.ttft_s(w, 1000, 0)  # the cost model's: model only
+
+
+@settings(max_examples=400, deadline=None)
+@given(req=request_st(), workers=workers_st, bound=st.sampled_from(IDS), tokens=st.integers(0, 100_000))
+def test_a_session_preference_never_holds_where_waiting_costs_more(
+    req: RequestView, workers: list[WorkerView], bound: str, tokens: int
+) -> None:
+    """Explicit session affinity (policy/session.py) obeys the same limit: the session's credit never
+    decides a route onto a worker whose wait, with the session's believed cache, exceeds the cost
+    elsewhere; nor onto an overloaded one."""
+    view = with_session(dataclasses.replace(req, sticky_worker=None), SessionBinding(bound, tokens))
+    decision = POLICY.decide(view, workers, random.Random(0), now_s=0.0)
+    if outcome(view, decision) != "decided":
+        return
+    mine = next(w for w in workers if w.id == bound)
+    others = [w for w in workers if w.id != bound]
+    assert not _queued_beyond_elsewhere(session_view(view), mine, others)
+    assert not HardOverload().overloaded(mine)

@@ -23,6 +23,7 @@ from plugin.prefix_memo import PromptHasher
 from plugin.process_state import ProcessState
 from plugin.releaser import Releaser
 from plugin.routing import Router
+from plugin.sessions import SessionAffinity
 from plugin.workers import WorkerPool
 from policy.pressure import PressureTracker
 from store.slots import SlotPool
@@ -55,6 +56,7 @@ async def gateway_context(
                 gateway_id="t", config=cfg, auth=Auth(cfg), metrics=metrics, workers=WorkerPool(mirror),
                 router=router, hasher=PromptHasher(), pool=pool, releaser=releaser,
                 pressure=PressureTracker(), decisions=DecisionLog(None), process=process, local=local,
+                sessions=SessionAffinity(redis, router.policy_config.session.ttl_s, metrics),
             )  # fmt: skip
         finally:
             await releaser.close()

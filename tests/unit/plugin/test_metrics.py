@@ -49,6 +49,8 @@ EXPORTED = [
     ("kvgate_requests_total", "counter", ("model", "band", "status")),
     ("kvgate_routing_decisions_total", "counter", ("model", "worker", "kind")),
     ("kvgate_seats_used", "gauge", ("model",)),
+    ("kvgate_session_routes_total", "counter", ("model", "outcome")),  # issue 9 (added)
+    ("kvgate_sessions_closed_total", "counter", ("model",)),  # issue 9 (added)
     ("kvgate_slot_drift", "gauge", ("model",)),
     ("kvgate_tokenize_seconds", "histogram", ("model",)),
     ("kvgate_tokenize_total", "counter", ("model", "source")),

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 import redis.asyncio as aioredis
 
 from plugin.config import RoutingSection
 from plugin.endpoints import with_usage_requested
+from plugin.flow import Route
 from plugin.prefix_memo import hash_prompt
 from plugin.routing import Router, parse_upstream
+from policy.session import SessionBinding, outcome
 from policy.types import Band
 from store import index_store
 from store.registry import WorkerRecord
@@ -79,7 +82,8 @@ def test_a_full_worker_is_avoided() -> None:
     loaded = [worker(w.id, 9000 + i, max_concurrency=2, running=2 if w.id == busy else 0, waiting=0)
               for i, w in enumerate(WORKERS)]  # fmt: skip
     routing = router.model(MODEL)
-    routing.inflight[busy] = 2
+    routing.ledger.dispatch("other", busy, 0, 0.1, 0.0)  # two requests in flight on it: at its limit
+    assert routing.inflight[busy] == 2
     moved = route(router, "q2", workers=loaded)
     assert moved is not None and moved.worker.id != busy
 
@@ -158,3 +162,49 @@ async def test_index_writer_publishes_routed_prefixes(redis: aioredis.Redis) -> 
         assert await written()
     finally:
         await router.close()
+
+
+def test_the_ledger_counts_lateness_so_a_stalled_session_worker_loses_its_preference() -> None:
+    """The gateway feeds policy.ledger from its request lifecycle: a streamed request whose first token
+    is overdue makes its worker late (overdue_s), and the hold limit withdraws the session's credit."""
+    router = Router(RoutingSection())
+    first = route(router, "turn 1")
+    assert first is not None
+    holder = first.worker.id
+    routing = router.model(MODEL)
+    views = {v.id: v for v in routing.views(WORKERS, now_s=1e12)}
+    assert views[holder].overdue_s > 1e6  # its first token never came: far past its prediction
+    router.first_token(first)
+    router.finished(first)
+    views = {v.id: v for v in routing.views(WORKERS, now_s=1e12)}
+    assert views[holder].overdue_s == 0.0 and views[holder].inflight == 0
+    session = SessionBinding(holder, 10_000)
+
+    def unrelated(text: str) -> Route:
+        found = router.choose(
+            request_id=text, model=MODEL, prompt=prompt(text, system=text * 2000), max_tokens=16,
+            band=Band.NORMAL, tenant="t", workers=WORKERS, session=session,
+        )  # fmt: skip
+        assert found is not None
+        return found
+
+    # one request of 1,000 uncached tokens queued on the holder, on time: the session keeps the next
+    routing.ledger.dispatch("queued", holder, 1000, 1.0, time.monotonic())
+    kept = unrelated("other")
+    assert kept.worker.id == holder and outcome(kept.view, kept.decision) == "decided"
+    # the same request 30 s late (its worker stalls): the hold limit withdraws the preference
+    routing.ledger.dispatch("queued", holder, 1000, 0.0, time.monotonic() - 30.0)
+    moved = unrelated("other")
+    assert moved.worker.id != holder and outcome(moved.view, moved.decision) == "moved"
+
+
+def test_a_request_that_is_not_streamed_is_never_counted_late() -> None:
+    router = Router(RoutingSection())
+    placed = router.choose(
+        request_id="ns", model=MODEL, prompt=prompt("q"), max_tokens=16, band=Band.NORMAL, tenant="t",
+        workers=WORKERS, streamed=False,
+    )  # fmt: skip
+    assert placed is not None
+    router.reserve(placed)
+    view = {v.id: v for v in router.model(MODEL).views(WORKERS, now_s=1e12)}[placed.worker.id]
+    assert view.overdue_s == 0.0 and view.inflight == 1 and view.pending_prefill_tokens > 0

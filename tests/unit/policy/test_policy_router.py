@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from bench.sim.cluster import simulate
@@ -11,6 +13,7 @@ from bench.sim.policy_router import PolicyRouter, make_article_router, make_kvga
 from bench.sim.profiles import load_profile
 from bench.sim.registry import make_router
 from bench.sim.scenarios import build_scenario
+from bench.sim.types import SimRequest
 
 PROFILE = load_profile("h100-llama3.1-8b")
 
@@ -53,3 +56,26 @@ def test_counters_return_to_zero_and_index_is_sized_from_capacity(requests: list
 def test_registry_names_resolve_to_the_adapter() -> None:
     assert make_router("kvgate", 1).name == "kvgate"
     assert make_router("article", 1).name == "article"
+
+
+def test_kvgate_session_keeps_bindings_for_the_sessions_and_closes_them() -> None:
+    # two conversations of growing prompts; their sessions bind, and each closes with its last call
+    reqs = []
+    for conv in range(2):
+        for turn in range(6):
+            blocks = tuple(1000 * conv + b for b in range(turn + 2))
+            at, tokens = 2.0 * turn + conv * 0.5, (512,) * len(blocks)
+            last = turn == 5
+            reqs.append(
+                SimRequest(0, at, sum(tokens), 16, blocks, tokens, session=f"c{conv}", session_close=last)
+            )
+    reqs.sort(key=lambda r: r.arrival_s)
+    reqs = [dataclasses.replace(r, id=i) for i, r in enumerate(reqs)]
+    router = make_router("kvgate_session", 1)
+    assert isinstance(router, PolicyRouter) and router.sessions is not None
+    workers, _ = run(router, reqs)
+    assert router.session_outcomes["new"] == 2  # each session's first call found no binding
+    assert sum(router.session_outcomes.values()) == len(reqs)
+    assert len(router.sessions) == 0  # both closed by their last call
+    plain, _ = run(make_router("kvgate", 1), reqs)
+    assert plain == workers  # the index knew as much: the credit never changed a route here

@@ -230,3 +230,20 @@ def test_cli_writes_grid_json_in_the_interface_shape(
     assert "p99/best worst" in printed
     assert "kvgate per workload:" in printed and "system_prompt" in printed.split("per workload:")[1]
     assert main(["--grid", str(tmp_path / "missing.toml"), "--out", str(out)]) == 2
+
+
+def test_session_report_compares_kvgate_session_with_kvgate_on_cells_with_sessions() -> None:
+    from bench.sim.session_report import report
+
+    def run(policy: str, p99: float, **extra: object) -> dict[str, object]:
+        metrics = {"ttft_p99": p99, "ttft_p50": 0.1, "hit_rate": 0.9, **extra}
+        return {"policy": policy, "metrics": metrics}
+
+    cell = {"workload": "weka_mix", "load": 1.0, "seed": 1, "workers": 8, "bounds": {}, "runs": [
+        run("kvgate", 2.0), run("kvgate_session", 1.0, session_outcomes={"new": 1, "decided": 3}),
+        run("dynamo", 4.0),
+    ]}  # fmt: skip
+    text = report({"cells": [cell, {**cell, "workload": "rag", "runs": [run("kvgate", 1.0)]}]})
+    assert "1 cells with sessions (weka_mix)" in text
+    assert "p99: worst 0.500" in text and "better in 1, worse in 0" in text
+    assert "decided 3 (75.0%)" in text

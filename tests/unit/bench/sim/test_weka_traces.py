@@ -141,3 +141,15 @@ def test_cli_replays_a_weka_directory(tmp_path: Path, capsys: pytest.CaptureFixt
     doc = json.loads((out / "results.json").read_text())
     assert doc["requests"] == 24 and {r["policy"] for r in doc["runs"]} == {"round_robin", "kvgate"}
     capsys.readouterr()
+
+
+def test_each_conversation_is_one_session_closed_by_its_last_call(tmp_path: Path) -> None:
+    sub = {"t": 5.0, "type": "subagent", "requests": [call(0.0, 512)]}
+    write(tmp_path, "a", [call(0.0, 1024), sub, call(9.0, 2048)])
+    write(tmp_path, "b", [call(1.0, 1024)])
+    reqs = load_weka(tmp_path, ALL)
+    by_session: dict[str, list[bool]] = {}
+    for r in reqs:
+        assert r.session is not None
+        by_session.setdefault(r.session, []).append(r.session_close)
+    assert sorted(by_session.values()) == [[False, False, True], [True]]  # sub-agents share the session
