@@ -105,12 +105,15 @@ async def ensure_quotas(
     gateway or (a new version seen) by another one: Redis lost the leases, so take ours back now."""
     for model in sorted({*models, *config.models}):
         quota = configured_quota(config, mirror, model)
+        key = (id(redis), model)
+        # a grace only when the hash went missing after this gateway saw it (Redis lost it, and with it
+        # the leases); a first write on a fresh Redis admits at once
+        grace = recover_ms if key in _last_version else 0
         try:
-            code, version = await assert_quota(redis, model, quota, gateway_id, recover_ms)
+            code, version = await assert_quota(redis, model, quota, gateway_id, grace)
         except (RedisError, OSError) as e:
             logger.warning("quota of %s not asserted: %s", model, e)
             continue
-        key = (id(redis), model)
         previous = _last_version.get(key)
         _last_version[key] = version
         if on_rewritten is not None and (code == 1 or (code == 0 and previous not in (None, version))):
