@@ -97,6 +97,7 @@ class KvGate:
         self.embedded: EmbeddedRedis | None = None
         self.pool: SlotPool | None = None  # set in running()
         self.releaser: Releaser | None = None
+        self._reclaim_task: asyncio.Task[None] | None = None
         self.mirror: ClusterMirror | None = None
         self.router = Router(self.config.routing)
         self.sessions = SessionAffinity(None, self.router.policy_config.session.ttl_s, self.metrics)
@@ -376,15 +377,35 @@ class KvGate:
         if self.redis is None or self.mirror is None:
             return
         if self._quota_task is None or self._quota_task.done():
-            self._quota_task = spawn(
-                ensure_quotas(self.redis, self.config, self.mirror, models, self.gateway_id),
-                name="kvgate-ensure-quotas",
-            )
+            self._quota_task = spawn(self._ensure_quotas(models), name="kvgate-ensure-quotas")
 
     async def _quota_missing(self, model: str) -> None:
         """An acquire found `model`'s quota hash gone: write the configured one now."""
-        if self.redis is not None and self.mirror is not None:
-            await ensure_quotas(self.redis, self.config, self.mirror, [model], self.gateway_id)
+        await self._ensure_quotas([model])
+
+    async def _ensure_quotas(self, models: Sequence[str]) -> None:
+        if self.redis is None or self.mirror is None:
+            return
+        admission = self.config.admission
+        await ensure_quotas(
+            self.redis, self.config, self.mirror, models, self.gateway_id,
+            # long enough for every gateway to renew (and so reclaim) its leases once, with one retry
+            recover_ms=min(admission.lease_ms, 2 * admission.renew_every_ms),
+            on_rewritten=self._quota_rewritten,
+        )  # fmt: skip
+
+    def _quota_rewritten(self, model: str) -> None:
+        """Redis lost `model`'s leases (its quota was written again): take this gateway's back now
+        rather than at the next renewal."""
+        if self.pool is not None and (self._reclaim_task is None or self._reclaim_task.done()):
+            self._reclaim_task = spawn(self._reclaim(self.pool), name="kvgate-reclaim-leases")
+
+    @staticmethod
+    async def _reclaim(pool: SlotPool) -> None:
+        try:
+            await pool.renew_now()
+        except (RedisError, OSError) as e:  # the periodic renewal tries again
+            logger.warning("kvgate: taking leases back after a Redis restart failed: %s", e)
 
     def retarget(self, flow: http.HTTPFlow) -> bool:
         """The flow's worker refused the connection (nothing was sent): point the flow at the routing

@@ -32,6 +32,10 @@ IndexOpsCallback = Callable[[str, Sequence[index_store.IndexOp]], None]
 WorkerResetCallback = Callable[[str, str], None]
 
 
+# A worker that vanished from the registry without draining first (Redis restarted empty, its key
+# deleted): kept as last read, routable until its lease runs out (its agent re-registers within a
+# heartbeat), then known but not routable (503 + Retry-After, not 404) up to this long after that.
+FORGET_VANISHED_MS = 60_000
 RECOVERY_GRACE_MS = 3000  # after a registry outage: leases that lapsed during it still count this long
 
 
@@ -127,6 +131,7 @@ class ClusterMirror:
         for model in models:
             records = await registry.read_workers(self.redis, model, now)
             fresh[model] = [r for r in records if self._signed(r, now)] if self.secret else records
+        self._keep_vanished(fresh, now)
         self._detect_resets(fresh)
         self._workers = fresh
         self.last_refresh_ok = True
@@ -140,6 +145,20 @@ class ClusterMirror:
             for model in models:
                 if model not in self._tails:
                     self._tails[model] = spawn(self._tail_loop(model), name=f"kvgate-index-tail-{model}")
+
+    def _keep_vanished(self, fresh: dict[str, list[WorkerRecord]], now_ms: int) -> None:
+        """Keep the last record of every worker missing from `fresh` that was not draining (a drained
+        worker deregisters; one that vanished otherwise was lost with the registry), until
+        FORGET_VANISHED_MS after its lease ran out: a known model never turns into a 404 because
+        Redis lost the registry, and its workers keep serving while their agents re-register."""
+        for model, old in self._workers.items():
+            ids = {r.id for r in fresh.get(model, ())}
+            kept = [
+                r for r in old
+                if r.id not in ids and not r.draining and now_ms < r.lease_expiry_ms + FORGET_VANISHED_MS
+            ]  # fmt: skip
+            if kept:
+                fresh[model] = [*fresh.get(model, ()), *kept]
 
     def _signed(self, record: WorkerRecord, now_ms: int) -> bool:
         """Whether `record` is signed with the worker secret and fresh; a refusal is logged once."""

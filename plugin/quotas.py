@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -38,6 +38,7 @@ ASSERT_OUTCOMES = {
     0: "unchanged", 1: "written (was missing)", 2: "replaced (config changed)", 3: "kept (run-time change)",
 }  # fmt: skip
 _last_outcome: dict[tuple[int, str], int] = {}  # (id of the redis client, model) -> last outcome logged
+_last_version: dict[tuple[int, str], str] = {}  # (id of the redis client, model) -> quota version seen
 
 
 def desired_quota(config: GatewayConfig, model: str, concurrencies: Sequence[int]) -> Quota | None:
@@ -69,13 +70,17 @@ def limits_digest(fields: dict[str, str]) -> str:
     return hashlib.sha1("\n".join(sorted(f"{k}={v}" for k, v in fields.items())).encode()).hexdigest()
 
 
-async def assert_quota(redis: aioredis.Redis, model: str, quota: Quota, gateway_id: str) -> int:
+async def assert_quota(
+    redis: aioredis.Redis, model: str, quota: Quota, gateway_id: str, recover_ms: int = 0
+) -> tuple[int, str]:
     """Write `quota` as the configured one unless it is there already or a run-time change stands;
-    returns quota.lua's outcome code (ASSERT_OUTCOMES)."""
+    returns quota.lua's outcome code (ASSERT_OUTCOMES) and the stored version. A hash written because
+    it was missing admits only reclaimed leases for `recover_ms` (store/lua/quota.lua)."""
     fields = quota.to_hash()
     flat = [x for pair in sorted(fields.items()) for x in pair]
-    code, _version = await QUOTA_LUA(redis, [quota_key(model)], [limits_digest(fields), gateway_id, *flat])
-    return int(code)
+    argv = [limits_digest(fields), gateway_id, str(recover_ms), *flat]
+    code, version = await QUOTA_LUA(redis, [quota_key(model)], argv)
+    return int(code), version.decode() if isinstance(version, bytes) else str(version)
 
 
 def configured_quota(config: GatewayConfig, mirror: ClusterMirror, model: str) -> Quota:
@@ -91,16 +96,28 @@ async def ensure_quotas(
     mirror: ClusterMirror,
     models: Sequence[str],
     gateway_id: str = "",
+    *,
+    recover_ms: int = 0,
+    on_rewritten: Callable[[str], object] | None = None,
 ) -> None:
-    """Re-assert every model's configured quota (one round trip per model); errors are logged."""
+    """Re-assert every model's configured quota (one round trip per model); errors are logged.
+    `on_rewritten(model)` is called when the hash was written again after going missing, by this
+    gateway or (a new version seen) by another one: Redis lost the leases, so take ours back now."""
     for model in sorted({*models, *config.models}):
         quota = configured_quota(config, mirror, model)
+        key = (id(redis), model)
+        # a grace only when the hash went missing after this gateway saw it (Redis lost it, and with it
+        # the leases); a first write on a fresh Redis admits at once
+        grace = recover_ms if key in _last_version else 0
         try:
-            code = await assert_quota(redis, model, quota, gateway_id)
+            code, version = await assert_quota(redis, model, quota, gateway_id, grace)
         except (RedisError, OSError) as e:
             logger.warning("quota of %s not asserted: %s", model, e)
             continue
-        key = (id(redis), model)
+        previous = _last_version.get(key)
+        _last_version[key] = version
+        if on_rewritten is not None and (code == 1 or (code == 0 and previous not in (None, version))):
+            on_rewritten(model)
         if code == 1:  # every time: a lost quota is an incident
             logger.warning(
                 "kvgate: quota of %s was missing in Redis (restarted or deleted); written again: total %s",

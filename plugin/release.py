@@ -10,6 +10,7 @@ chunk is sent only after `response` returns.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -23,6 +24,10 @@ from plugin.streaming import SseMeter, Usage
 
 logger = logging.getLogger(__name__)
 CONNECT_FAILURE_MARKERS = ("connect", "refused", "unreachable", "name or service")
+# A client that leaves mid-stream: its worker keeps generating until it notices the closed upstream
+# connection (its next write; vLLM checks between steps). The seat is held that much longer, so the
+# request that gets it does not run beside the aborted one (running <= quota at the workers).
+ABORT_GRACE_S = 0.25
 
 
 class Release:
@@ -89,7 +94,10 @@ class Release:
         state.status, state.error = status, error
         lease, state.lease = state.lease, None
         if lease is not None:
-            ctx.releaser.release(lease)
+            if status == 499 and state.route is not None:
+                asyncio.get_running_loop().call_later(ABORT_GRACE_S, ctx.releaser.release, lease)
+            else:
+                ctx.releaser.release(lease)
         metrics = ctx.metrics
         model, band = state.model, state.band_name  # model "" when refused before parsing
         metrics.requests.inc(model, band, str(status))

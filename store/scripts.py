@@ -135,9 +135,12 @@ class AdmissionScripts:
         gateway_id: str,
         now_ms: int | None = None,
         worker: str | None = None,
+        reclaim: bool = False,
     ) -> AdmitResult:
-        """With `worker`, also checks that worker's max_concurrency (two-step admission)."""
-        args = (request_id, int(band), tenant, seats, lease_ms, max_wait_ms, gateway_id, worker or "")
+        """With `worker`, also checks that worker's max_concurrency (two-step admission). `reclaim`:
+        the lease of a running request that Redis lost, taken back (admitted while recovering)."""
+        args = (request_id, int(band), tenant, seats, lease_ms, max_wait_ms, gateway_id, worker or "",
+                "1" if reclaim else "")  # fmt: skip
         r = await self._call("acquire", model, now_ms, *args, worker=worker)
         return AdmitResult(
             AdmitCode(int(r[0])), int(r[1]), int(r[2]), _ids(r[6]),

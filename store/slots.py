@@ -448,7 +448,7 @@ class SlotPool:
             await self.on_quota_missing(lease.model)  # a restarted Redis has no quota yet either
         reply = await self.scripts.acquire(
             lease.model, lease.request_id, lease.band, lease.tenant, lease.seats, self.lease_ms, 0,
-            self.gateway_id, worker=lease.worker,
+            self.gateway_id, worker=lease.worker, reclaim=True,
         )  # fmt: skip
         if reply.code in (AdmitCode.ADMITTED, AdmitCode.ALREADY_HELD):
             self.leases_reclaimed += 1

@@ -61,6 +61,7 @@ async def run_completion(
         return error_response(ApiError(500, str(e)))
     worker.metrics.request_started(len(job.prompt_tokens))
     worker.held[external_id] += 1
+    worker.log_held(1, external_id)
     try:
         if job.stream:
             return await stream_completion(request, worker, job, state, external_id, response_id, started)
@@ -78,6 +79,7 @@ async def run_completion(
         worker.driver.abort(state)  # no-op when it finished
         worker.metrics.request_ended(generated)
         worker.held[external_id] -= 1
+        worker.log_held(-1, external_id)
         if worker.held[external_id] <= 0:
             del worker.held[external_id]
 

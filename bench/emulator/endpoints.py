@@ -6,6 +6,7 @@ for unknown paths.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -130,6 +131,19 @@ async def kv_faults(request: web.Request) -> web.Response:
 
 async def inflight(request: web.Request) -> web.Response:
     return web.json_response({"request_ids": sorted(request.app[WORKER].held)})
+
+
+async def held_log(request: web.Request) -> web.Response:
+    """Entries of the worker's held log from `?since=N` (a count of entries ever logged): {"boot":
+    this process's start, "next": the cursor for the next call, "entries": [[t, +1|-1, id], ...]}."""
+    worker = request.app[WORKER]
+    since = int(request.query.get("since", "0") or 0)
+    first = worker.held_log_total - len(worker.held_log)
+    entries = list(worker.held_log)[max(0, since - first) :]
+    return web.json_response({"boot": BOOT, "next": worker.held_log_total, "entries": entries})
+
+
+BOOT = time.time()
 
 
 @web.middleware

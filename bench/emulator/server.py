@@ -26,6 +26,7 @@ from bench.emulator.completions import completion_handler
 from bench.emulator.driver import EngineDriver
 from bench.emulator.endpoints import (
     health,
+    held_log,
     inflight,
     json_not_found,
     kv_faults,
@@ -117,6 +118,7 @@ def create_app(config: EmulatorConfig) -> web.Application:
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_get("/kvgate/inflight", inflight)
+    app.router.add_get("/kvgate/held_log", held_log)
     app.router.add_post("/kvgate/kv_faults", kv_faults)
     return app
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import random
-from collections import Counter
+import time
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,9 @@ class EmulatorConfig:
         return profile
 
 
+HELD_LOG_MAX = 200_000
+
+
 @dataclass
 class Worker:
     """Everything one server holds: the engine driver and what the HTTP layer counts."""
@@ -87,6 +91,14 @@ class Worker:
     rng: random.Random
     max_model_len: int  # the config's, capped to the KV pool
     tokenizer: EngineTokenizer = field(default_factory=FakeTokenizer)
+    # (CLOCK_MONOTONIC s, +1 started / -1 ended, external id) of every completion request, for an
+    # exact count of what ran at once across workers (kvgate bench chaos); bounded
+    held_log: deque[tuple[float, int, str]] = field(default_factory=lambda: deque(maxlen=HELD_LOG_MAX))
+    held_log_total: int = 0  # entries ever appended (the cursor of GET /kvgate/held_log)
+
+    def log_held(self, delta: int, external_id: str) -> None:
+        self.held_log.append((time.monotonic(), delta, external_id))
+        self.held_log_total += 1
 
     def engine_blocks(self, tokens: list[int]) -> list[tuple[int, int]]:
         """(key, tokens) per engine block: full blocks by chained key; the trailing partial block gets a

@@ -3,6 +3,8 @@
 -- ARGV[4] band (0 low, 1 normal, 2 high)   ARGV[5] tenant   ARGV[6] seats   ARGV[7] lease_ms
 -- ARGV[8] max_wait_ms (0 = do not wait)   ARGV[9] gateway id
 -- ARGV[10] worker id chosen by routing ("" = none); with it, KEYS[14] is that worker's HASH
+-- ARGV[11] "1" = reclaim: a running request's lease that Redis lost (restart) taken back; it alone is
+--          admitted while the quota is recovering (common.lua: RECOVERING)
 -- The request joins its band queue with its fair tag, then the pump runs: so it is admitted at once
 -- only if no waiter with precedence can use the seats.
 -- returns {code, seats, ahead, hold_ms, capacity, now_ms, granted_ids}; code:
@@ -14,6 +16,7 @@
 local rid, b, t = ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local lease_ms, max_wait_ms, gateway = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local worker = ARGV[10] or ''
+local reclaim = ARGV[11] == '1'
 reap()
 
 local function reply(code, s, ahead, granted)
@@ -31,7 +34,7 @@ local vtime = tonumber(redis.call('HGET', K_QSTATE, 'vtime:' .. b)) or 0
 -- fast path: no waiter anywhere and the seats fit. Same end state as queueing then granting at once
 -- (the band's tag table is empty when its queue is, so the tag is vtime + s), in a third of the calls.
 local nobody_waits = redis.call('EXISTS', qkey(0), qkey(1), qkey(2)) == 0
-if nobody_waits and tenant_ok(t, s) and band_ok(b, s) and total_ok(s) then
+if (reclaim or (nobody_waits and not RECOVERING)) and tenant_ok(t, s) and band_ok(b, s) and total_ok(s) then
   local l = {s = s, b = b, t = t, g = NOW, w = gateway, k = worker}
   redis.call('ZADD', K_LEASES, int(NOW + lease_ms), rid)
   redis.call('HSET', K_LEASE, rid, cjson.encode(l))

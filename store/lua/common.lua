@@ -32,11 +32,13 @@ local DEFAULT_AGING_MS = 5000
 local DEFAULT_QUEUE_MAX = 1024
 
 local NOW
+local SERVER_CLOCK = false  -- true when NOW is the Redis server's clock (a stall is measured on it)
 do
   local n = tonumber(ARGV[1])
   if n and n > 0 then
     NOW = n
   else
+    SERVER_CLOCK = true
     local t = redis.call('TIME')
     NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
@@ -53,6 +55,12 @@ end
 local AGING_MS = Q['aging_ms'] or DEFAULT_AGING_MS
 -- no quota hash at all: nothing is admitted or granted until a gateway writes it again (quota.lua)
 local QUOTA_MISSING = next(Q) == nil
+-- a quota written again after it went missing (quota.lua: recover_until): until then the leases
+-- Redis lost are being taken back by their gateways (acquire with reclaim), and nothing else is granted
+local RECOVERING = (Q['recover_until'] or 0) > NOW
+-- script calls further apart than this on the server clock mean Redis did not run (SIGSTOP, a stalled
+-- host): the gap is not charged to the leases (gateways renew at least every renew_every_ms < this)
+local STALL_MS = 2500
 
 local function tenant_cap(t) return Q['tenant:' .. t] or Q['tenant'] end
 local function queue_max(b) return Q['queue_max:' .. b] or Q['queue_max'] or DEFAULT_QUEUE_MAX end
@@ -140,7 +148,20 @@ local function leave_queue(rid)
   return w
 end
 
+-- Leases are charged only for time Redis was serving: after a stall, every lease is extended by the
+-- gap before reaping, so the first calls after a pause do not free running requests' seats for
+-- newcomers before their holders could renew (with an explicit now_ms, time is the caller's).
+local function catch_up()
+  if not SERVER_CLOCK then return end
+  local seen = tonumber(redis.call('HGET', K_QSTATE, 'seen'))
+  redis.call('HSET', K_QSTATE, 'seen', int(NOW))
+  if seen == nil or NOW - seen <= STALL_MS then return end
+  local live = redis.call('ZRANGE', K_LEASES, 0, -1, 'WITHSCORES')
+  for i = 1, #live, 2 do redis.call('ZADD', K_LEASES, int(tonumber(live[i + 1]) + NOW - seen), live[i]) end
+end
+
 local function reap()
+  catch_up()
   for _, rid in ipairs(redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', int(NOW))) do drop_lease(rid) end
   for _, rid in ipairs(redis.call('ZRANGEBYSCORE', K_DEADLINE, '-inf', int(NOW))) do leave_queue(rid) end
 end
@@ -161,7 +182,7 @@ end
 -- behind it jumps ahead: the freed seats wait for it.
 local function pump()
   local granted = {}
-  if QUOTA_MISSING then return granted end
+  if QUOTA_MISSING or RECOVERING then return granted end
   for _ = 1, MAX_GRANTS do
     local best = nil
     for b = 2, 0, -1 do

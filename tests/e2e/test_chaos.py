@@ -22,8 +22,9 @@ def test_chaos_60_seconds(tmp_path: Path) -> None:
     assert result["lost"] == 0
     assert result["duplicated"] == 0
     assert result["slots_leaked"] == 0
-    # the goal is 0; runs have measured 1 (cause not established: leases a Redis restart loses are
-    # reclaimed only at the holders' next renewal, or the workers' counters sampled mid-release)
+    # the goal is 0, now measured exactly from the workers' start/end logs; the causes of the 1 measured
+    # before are fixed (docs/REDIS.md "After a Redis restart or stall", plugin/release.py ABORT_GRACE_S),
+    # but no locked run has shown 0 yet: tighten to == 0 once one has (docs/BENCHMARKS.md, session 4)
     assert result["max_quota_overshoot"] <= 1
     assert result["quota_enforced_after_redis_restart"] is True
     assert result["max_recovery_s"] <= result["lease_period_s"]

@@ -6,6 +6,7 @@ is written with store.registry, and the slot pool is the real one on the test Re
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -20,6 +21,7 @@ from plugin.addon import KvGate
 from plugin.flow import state_of
 from plugin.mirror import wall_ms
 from plugin.quotas import write_quota
+from plugin.release import ABORT_GRACE_S
 from policy.admission import Quota
 from store import registry
 from store.registry import WorkerRecord
@@ -141,6 +143,8 @@ async def test_client_gone_mid_stream_releases(gate: KvGate) -> None:
     assert state_of(flow) is not None and state_of(flow).lease is not None  # type: ignore[union-attr]
     flow.error = tflow.terr("Client disconnected.")
     gate.error(flow)
+    assert gate.releases == 0  # held while its worker notices the closed connection
+    await asyncio.sleep(ABORT_GRACE_S + 0.1)
     assert gate.releases == 1
     await until_released_in_redis(gate)
 

@@ -37,3 +37,24 @@ async def test_mirror_follows_registry_and_index(redis: aioredis.Redis) -> None:
         assert mirror.routable("m", now_ms=wall_ms() + 120_000) == []  # leases expire
     finally:
         await mirror.close()
+
+
+async def test_registry_lost_keeps_known_workers(redis: aioredis.Redis) -> None:
+    """A registry wiped (Redis restarted empty) does not make a known model vanish: its non-draining
+    workers stay routable until their last-read lease runs out, then known but not routable (503, not
+    404); a draining worker that deregistered is dropped at once."""
+    now = wall_ms()
+    await registry.register(redis, WorkerRecord(id="a", model="m", url="http://127.0.0.1:1"), 2_000, now)
+    await registry.register(redis, WorkerRecord(id="b", model="m", url="http://127.0.0.1:2", draining=True),
+                            2_000, now)  # fmt: skip
+    mirror = ClusterMirror(redis, refresh_ms=50, tail_index=False)
+    await mirror.start()
+    try:
+        await redis.flushall()
+        await mirror.refresh()
+        assert [w.id for w in mirror.workers("m")] == ["a"]
+        assert [w.id for w in mirror.routable("m")] == ["a"]
+        assert mirror.routable("m", now_ms=now + 3_000) == []  # its lease ran out: known, not routable
+        assert [w.id for w in mirror.workers("m")] == ["a"]
+    finally:
+        await mirror.close()
