@@ -40,6 +40,8 @@ class EmulatorConfig:
     worker_id: str = "emulator"
     kv_events_endpoint: str | None = None  # e.g. tcp://127.0.0.1:5557 (bound); None = no KV events
     kv_events_topic: str | None = None  # default kv@<worker_id>@<model>
+    # vLLM's KVEventsConfig.replay_endpoint: a ROUTER socket serving buffered batches (None = no replay)
+    kv_events_replay_endpoint: str | None = None
     default_max_tokens: int = 64  # output length when a request gives no max_tokens
     max_model_len: int = 131_072
     stream_interval_s: float = 0.02  # decoding streams flush new tokens at most this often (wall)

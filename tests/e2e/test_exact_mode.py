@@ -250,3 +250,54 @@ async def test_local_tokenizer_agrees_with_the_worker_and_routes_without_a_round
         _, text = await get(f"{gw.url}/metrics")
         assert metric(text.decode(), "kvgate_tokenize_total", model=MODEL, source="local") == 3
         assert metric(text.decode(), "kvgate_tokenize_total", model=MODEL, source="worker") is None
+
+
+async def test_a_gap_is_resynced_from_the_replay_socket_and_without_one_the_index_is_reset(
+    redis: aioredis.Redis, redis_url: str, processes: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    """Two workers lose the same batch: the one with vLLM's replay socket gets it back (its index keeps
+    every prefix it holds), the one without has its index reset (only what came after the gap)."""
+    runners = []
+    urls, agent_ports = {}, {}
+    try:
+        for wid, replay in (("r0", True), ("r1", False)):
+            zmq_pub = f"tcp://127.0.0.1:{free_port()}"
+            zmq_replay = f"tcp://127.0.0.1:{free_port()}" if replay else None
+            runner, url = await start_worker(
+                MODEL, wid, time_scale=0.02, kv_events_endpoint=zmq_pub, kv_events_replay_endpoint=zmq_replay
+            )
+            runners.append(runner)
+            urls[wid] = url
+            extra = ["--kv-events-replay", zmq_replay] if zmq_replay else []
+            agent_ports[wid] = port = free_port()
+            extra += ["--port", str(port), "--heartbeat-ms", "100", "--router-block-size", "0"]
+            processes("agent", "--worker-url", url, "--model", MODEL, "--worker-id", wid,
+                      "--redis", redis_url, "--kv-events", zmq_pub, *extra)  # fmt: skip
+
+        async def registered() -> bool:
+            records = await registry.read_workers(redis, MODEL, 0)
+            return sorted(r.id for r in records if r.router_block_size == 16) == ["r0", "r1"]
+
+        # --router-block-size 0: the emulator's vllm:cache_config_info says block_size 16
+        await poll(registered, WAIT_S, "both agents registered with the worker's block size", interval_s=0.05)
+        first = chat(MODEL, "first", system=SYSTEM, max_tokens=2)
+        lost = chat(MODEL, "lost", system=SYSTEM.upper(), max_tokens=2)
+        after = chat(MODEL, "after", system=SYSTEM.lower(), max_tokens=2)
+        for wid, url in urls.items():
+            await warm(redis, url, wid, first)
+            assert (await post(f"{url}/kvgate/kv_faults", {"drop": 1}))[0] == 200
+            status, _, text = await post(f"{url}/v1/chat/completions", lost)  # its batch is lost
+            assert status == 200, text
+            await warm(redis, url, wid, after)  # the next batch shows the gap
+        index = await index_store.load_snapshot(redis, MODEL)
+        held = prefix_keys(first) | prefix_keys(lost) | prefix_keys(after)
+        assert held <= set(index["r0"])  # replayed: whole
+        assert prefix_keys(after) <= set(index["r1"]) and not prefix_keys(lost) & set(index["r1"])  # reset
+        for wid, replayed in (("r0", 1.0), ("r1", 0.0)):
+            _, body = await get(f"http://127.0.0.1:{agent_ports[wid]}/metrics")
+            text = body.decode()
+            assert metric(text, "kvgate_agent_kv_replays_total", worker=wid) == replayed
+            assert metric(text, "kvgate_agent_kv_seq_gaps_total", worker=wid) == 1.0
+    finally:
+        for runner in runners:
+            await runner.cleanup()
