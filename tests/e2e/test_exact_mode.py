@@ -301,3 +301,56 @@ async def test_a_gap_is_resynced_from_the_replay_socket_and_without_one_the_inde
     finally:
         for runner in runners:
             await runner.cleanup()
+
+
+def two_free_ports() -> int:
+    """A port p with p + 1 free too (vLLM's DP rank r publishes at the base port + r)."""
+    import socket
+
+    for _ in range(50):
+        base = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", base + 1))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError("no two consecutive free ports")
+
+
+async def test_one_subscription_per_dp_rank_and_the_index_is_their_union(
+    redis: aioredis.Redis, redis_url: str, processes: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    """Two emulated engines publish as DP ranks 0 and 1 of one worker (ports p and p + 1); the agent
+    subscribes to both, and a cache reset on rank 1 leaves rank 0's entries in the worker's index."""
+    base = two_free_ports()
+    runners, urls = [], []
+    try:
+        for rank in (0, 1):
+            runner, url = await start_worker(
+                MODEL, "dp", time_scale=0.02, kv_events_endpoint=f"tcp://127.0.0.1:{base + rank}"
+            )
+            runners.append(runner)
+            urls.append(url)
+        events = ["--kv-events", f"tcp://127.0.0.1:{base}", "--kv-events-dp-size", "2"]
+        processes("agent", "--worker-url", urls[0], "--model", MODEL, "--worker-id", "dp",
+                  "--redis", redis_url, "--heartbeat-ms", "100", *events)  # fmt: skip
+
+        async def registered() -> bool:
+            return [r.id for r in await registry.read_workers(redis, MODEL, 0)] == ["dp"]
+
+        await poll(registered, WAIT_S, "the DP agent registered", interval_s=0.05)
+        on0 = chat(MODEL, "rank zero", system=SYSTEM, max_tokens=2)
+        on1 = chat(MODEL, "rank one", system=SYSTEM.upper(), max_tokens=2)
+        await warm(redis, urls[0], "dp", on0)
+        await warm(redis, urls[1], "dp", on1)
+        assert (await post(f"{urls[1]}/reset_prefix_cache", b""))[0] == 200
+
+        async def rank1_gone() -> bool:
+            return not prefix_keys(on1) & set((await index_store.load_snapshot(redis, MODEL)).get("dp", ()))
+
+        await poll(rank1_gone, WAIT_S, "rank 1's entries to go with its cache", interval_s=0.05)
+        assert prefix_keys(on0) <= set((await index_store.load_snapshot(redis, MODEL))["dp"])
+    finally:
+        for runner in runners:
+            await runner.cleanup()
