@@ -234,6 +234,7 @@ class WorkerAgent:
             clock_ms=self.clock_ms,
             replay_endpoint=self.config.kv_events_replay,
             dp_size=self.config.kv_events_dp_size,
+            adapters=self.models[1:],
         )
         self._consumer_task = spawn(self.consumer.run(), name=f"kv-events-{self.config.id}")
 

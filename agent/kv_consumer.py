@@ -115,6 +115,7 @@ class KvEventConsumer:
         replay_endpoint: str | None = None,
         dp_size: int = 1,
         replay_timeout_s: float = REPLAY_TIMEOUT_S,
+        adapters: Sequence[str] = (),
     ) -> None:
         if dp_size < 1:
             raise ValueError("dp_size must be >= 1")
@@ -122,12 +123,14 @@ class KvEventConsumer:
         self.endpoint = endpoint
         self.model = model
         self.worker_id = worker_id
+        # LoRA adapters the worker serves under their own names: their blocks go to their own indexes
+        self.adapters = frozenset(adapters) - {model}
         self.ranks = [
             _Rank(
                 r,
                 rank_endpoint(endpoint, r),
                 rank_endpoint(replay_endpoint, r) if replay_endpoint else None,
-                RouterKeys(model, router_block_size),
+                RouterKeys(model, router_block_size, adapters=self.adapters),
             )
             for r in range(dp_size)
         ]
@@ -140,7 +143,7 @@ class KvEventConsumer:
         self.stats = KvEventStats()
         self.connected = False
         # several ranks: router key -> ranks holding it (the worker's entry is their union)
-        self._holders: dict[int, set[int]] | None = {} if dp_size > 1 else None
+        self._holders: dict[tuple[str, int], set[int]] | None = {} if dp_size > 1 else None
         self._ctx: zmq.asyncio.Context | None = None
 
     async def run(self) -> None:
@@ -264,51 +267,53 @@ class KvEventConsumer:
         return True
 
     async def apply(self, events: Sequence[KvEvent], rank: int = 0) -> None:
-        """Apply events in order, coalescing runs of the same op into one Redis call."""
+        """Apply events in order, coalescing runs of the same op (and index) into one Redis call."""
         state = self.ranks[rank]
-        run_op, run_keys = "", list[int]()
+        run: tuple[str, str | None] = ("", None)  # (op, model) of the keys gathered
+        run_keys: list[int] = []
         for event in events:
             change = state.keys.apply(event)
             if change is None:
                 continue
             if change.op == "clear":
-                await self._flush(run_op, run_keys, rank)
-                run_op, run_keys = "", []
+                await self._flush(run, run_keys, rank)
+                run, run_keys = ("", None), []
                 await self._clear(state, "AllBlocksCleared")
                 continue
-            if change.op != run_op:
-                await self._flush(run_op, run_keys, rank)
-                run_op, run_keys = change.op, []
-            run_keys += change.keys
-        await self._flush(run_op, run_keys, rank)
+            for part in (change, *change.more):
+                if (part.op, part.model) != run:
+                    await self._flush(run, run_keys, rank)
+                    run, run_keys = (part.op, part.model), []
+                run_keys += part.keys
+        await self._flush(run, run_keys, rank)
 
-    async def _flush(self, op: str, keys: list[int], rank: int) -> None:
+    async def _flush(self, run: tuple[str, str | None], keys: list[int], rank: int) -> None:
+        op, model = run[0], run[1] or self.model
         if not keys:
             return
         if op == "add":
             if self._holders is not None:
                 for key in keys:
-                    self._holders.setdefault(key, set()).add(rank)
+                    self._holders.setdefault((model, key), set()).add(rank)
             await index_store.add_blocks(
-                self.redis, self.model, self.worker_id, keys, self.clock_ms(), self.capacity_blocks()
+                self.redis, model, self.worker_id, keys, self.clock_ms(), self.capacity_blocks()
             )
         elif op == "remove":
-            await index_store.remove_blocks(
-                self.redis, self.model, self.worker_id, self._released(keys, rank)
-            )
+            gone = self._released(model, keys, rank)
+            await index_store.remove_blocks(self.redis, model, self.worker_id, gone)
 
-    def _released(self, keys: Sequence[int], rank: int) -> list[int]:
-        """Of `keys` that `rank` no longer holds, those no rank holds any more."""
+    def _released(self, model: str, keys: Sequence[int], rank: int) -> list[int]:
+        """Of `keys` (in `model`'s index) that `rank` no longer holds, those no rank holds any more."""
         if self._holders is None:
             return list(keys)
         gone = []
         for key in keys:
-            ranks = self._holders.get(key)
+            ranks = self._holders.get((model, key))
             if ranks is None:
                 continue
             ranks.discard(rank)
             if not ranks:
-                del self._holders[key]
+                del self._holders[(model, key)]
                 gone.append(key)
         return gone
 
@@ -316,11 +321,14 @@ class KvEventConsumer:
         self.stats.clears += 1
         rank.keys.reset()
         if self._holders is None:
-            await index_store.clear_worker(self.redis, self.model, self.worker_id)
+            for model in (self.model, *sorted(self.adapters)):
+                await index_store.clear_worker(self.redis, model, self.worker_id)
         else:
-            held = [key for key, ranks in self._holders.items() if rank.rank in ranks]
-            await index_store.remove_blocks(
-                self.redis, self.model, self.worker_id, self._released(held, rank.rank)
-            )
+            held: dict[str, list[int]] = {}
+            for model, key in [mk for mk, ranks in self._holders.items() if rank.rank in ranks]:
+                held.setdefault(model, []).append(key)
+            for model, keys in held.items():
+                gone = self._released(model, keys, rank.rank)
+                await index_store.remove_blocks(self.redis, model, self.worker_id, gone)
         if self.on_reset is not None:
             await self.on_reset(reason)

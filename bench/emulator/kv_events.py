@@ -2,7 +2,9 @@
 
 Wire format (shared/reference/PEERS.md §3.2-3.3, vLLM's array encoding): each message is three
 frames `[topic, seq (8-byte big-endian, from 0), msgpack([ts, [events...], dp_rank])]` with events
-  ["BlockStored", block_hashes, parent_block_hash | None, token_ids, block_size, lora_id, "GPU"]
+  ["BlockStored", block_hashes, parent_block_hash | None, token_ids, block_size, lora_id, "GPU",
+   lora_name, extra_keys]   (extra_keys one entry per block, as vLLM: (lora_name?, cache_salt?) for
+                             block 0, (lora_name,) after it, None when there are none)
   ["BlockRemoved", block_hashes, "GPU"]
   ["AllBlocksCleared"]
 Block hashes are the emulator's 64-bit block keys (bench/emulator/tokenizer.py). The engine reports
@@ -27,6 +29,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
@@ -41,20 +44,39 @@ MEDIUM = "GPU"
 EngineKvEvent = tuple[str, Sequence[Hashable]]
 
 
+@dataclass(frozen=True, slots=True)
+class CatalogBlock:
+    parent: int | None
+    tokens: tuple[int, ...]
+    lora_name: str | None = None
+    extra_keys: tuple[str, ...] | None = None  # vLLM's per-block extra keys (LoRA name, cache salt)
+
+
 class BlockCatalog:
-    """Parent key and token ids of every full block submitted recently (bounded LRU)."""
+    """Parent key, token ids and extra keys of every full block submitted recently (bounded LRU)."""
 
     def __init__(self, max_blocks: int) -> None:
-        self._blocks: LRUCache[Hashable, tuple[int | None, tuple[int, ...]]] = LRUCache(maxsize=max_blocks)
+        self._blocks: LRUCache[Hashable, CatalogBlock] = LRUCache(maxsize=max_blocks)
 
-    def remember(self, keys: Sequence[int], tokens: Sequence[int], block_size: int) -> None:
+    def remember(
+        self,
+        keys: Sequence[int],
+        tokens: Sequence[int],
+        block_size: int,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
         """`keys` are the chained keys of the full blocks of `tokens`, block 0 first."""
         parent: int | None = None
         for i, key in enumerate(keys):
-            self._blocks[key] = (parent, tuple(tokens[i * block_size : (i + 1) * block_size]))
+            extra = (lora_name,) if lora_name is not None else ()
+            if i == 0 and cache_salt is not None:  # vLLM salts block 0 only; the chain carries it on
+                extra += (cache_salt,)
+            block = tuple(tokens[i * block_size : (i + 1) * block_size])
+            self._blocks[key] = CatalogBlock(parent, block, lora_name, extra or None)
             parent = key
 
-    def get(self, key: Hashable) -> tuple[int | None, tuple[int, ...]] | None:
+    def get(self, key: Hashable) -> CatalogBlock | None:
         return self._blocks.get(key)
 
     def forget(self, keys: Iterable[Hashable]) -> None:
@@ -92,21 +114,28 @@ def _stored_runs(keys: Sequence[Hashable], catalog: BlockCatalog, block_size: in
     events: list[list[Any]] = []
     run: list[Hashable] = []
     tokens: list[int] = []
+    extras: list[Any] = []
     run_parent: int | None = None
+    lora: str | None = None
+
+    def stored() -> list[Any]:
+        extra_keys = list(extras) if any(e is not None for e in extras) else None
+        return ["BlockStored", run, run_parent, tokens, block_size, None, MEDIUM, lora, extra_keys]
+
     for key in keys:
         entry = catalog.get(key)
         if entry is None:
             continue
-        parent, block_tokens = entry
-        if run and parent != run[-1]:
-            events.append(["BlockStored", run, run_parent, tokens, block_size, None, MEDIUM])
-            run, tokens = [], []
+        if run and entry.parent != run[-1]:
+            events.append(stored())
+            run, tokens, extras = [], [], []
         if not run:
-            run_parent = parent
+            run_parent, lora = entry.parent, entry.lora_name
         run.append(key)
-        tokens.extend(block_tokens)
+        tokens.extend(entry.tokens)
+        extras.append(list(entry.extra_keys) if entry.extra_keys is not None else None)
     if run:
-        events.append(["BlockStored", run, run_parent, tokens, block_size, None, MEDIUM])
+        events.append(stored())
     return events
 
 

@@ -25,7 +25,8 @@ from bench import toy_model
 from bench.emulator.tokenizer import render_chat, tokenize
 from bench.stack import stop_process
 from plugin.local_tokenizer import LocalTokenizer
-from policy.prefix import token_block_hashes
+from plugin.tokenize import request_namespace
+from policy.prefix import chain_namespace, token_block_hashes
 from store import index_store, registry
 from store.redis_server import free_port
 from tests.e2e.harness import Gateway, SseUpstream, chat, gateways, get, metric, poll, post, start_worker
@@ -354,3 +355,46 @@ async def test_one_subscription_per_dp_rank_and_the_index_is_their_union(
     finally:
         for runner in runners:
             await runner.cleanup()
+
+
+async def test_lora_adapters_and_cache_salts_get_keys_of_their_own(
+    redis: aioredis.Redis, redis_url: str, processes: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    """The same prompt under a LoRA adapter, under a cache_salt and plain: the worker's BlockStored
+    carries lora_name / extra_keys, and the agent's keys are the gateway's for each (model or adapter
+    name, salt) — three disjoint key sets, so none of them is taken for another's cache."""
+    zmq_pub = f"tcp://127.0.0.1:{free_port()}"
+    runner, url = await start_worker(
+        MODEL, "lw", time_scale=0.02, kv_events_endpoint=zmq_pub, lora_adapters=("m-lora",)
+    )
+    try:
+        processes("agent", "--worker-url", url, "--model", MODEL, "--worker-id", "lw",
+                  "--redis", redis_url, "--heartbeat-ms", "100", "--kv-events", zmq_pub)  # fmt: skip
+
+        async def registered() -> bool:
+            return [r.id for r in await registry.read_workers(redis, MODEL, 0)] == ["lw"]
+
+        await poll(registered, WAIT_S, "the agent registered", interval_s=0.05)
+        plain = chat(MODEL, "same question", system=SYSTEM, max_tokens=2)
+        ids = tokenize(render_chat(plain["messages"]))
+        cases = [
+            (plain, MODEL),
+            ({**plain, "cache_salt": "tenant-7"}, chain_namespace(MODEL, ["tenant-7"])),
+            ({**plain, "model": "m-lora"}, "m-lora"),
+        ]
+        seen: list[set[int]] = []
+        for body, chain in cases:
+            keys = set(token_block_hashes(ids, model=chain, block_size=16)[0])
+            # the gateway hashes the request the same way
+            assert request_namespace(body, str(body["model"])) == chain
+            status, _, text = await post(f"{url}/v1/chat/completions", body)
+            assert status == 200, text
+
+            async def indexed(keys: set[int] = keys) -> bool:
+                return keys <= set((await index_store.load_snapshot(redis, MODEL)).get("lw", ()))
+
+            await poll(indexed, WAIT_S, f"the agent to index the {chain!r} prefix", interval_s=0.05)
+            assert all(not keys & other for other in seen)
+            seen.append(keys)
+    finally:
+        await runner.cleanup()
