@@ -117,7 +117,7 @@ class WorkerAgent:
             capacity_tokens=load.capacity_tokens,
             block_size=load.block_size,
             num_gpu_blocks=load.num_gpu_blocks,
-            router_block_size=self.config.router_block_size if self.config.kv_events else 0,
+            router_block_size=self.router_block_size() if self.config.kv_events else 0,
             running=load.running,
             waiting=load.waiting,
             kv_usage=load.kv_usage,
@@ -202,9 +202,17 @@ class WorkerAgent:
 
     # --- exact mode ---
 
+    def router_block_size(self) -> int:
+        """The configured router block size, or (0) the worker's block size from its metrics; fixed once
+        the KV-event consumer has started, since its keys depend on it."""
+        if self.consumer is not None:
+            return self.consumer.keys.block_size
+        load = self.keeper.last_load
+        return self.config.router_block_size or (load.block_size if load and load.block_size > 0 else 16)
+
     def _capacity_blocks(self) -> int:
         load = self.keeper.last_load
-        return load.capacity_tokens // self.config.router_block_size if load else 0
+        return load.capacity_tokens // self.router_block_size() if load else 0
 
     async def _on_kv_reset(self, reason: str) -> None:
         for model in self.models:
@@ -220,10 +228,13 @@ class WorkerAgent:
             endpoint=self.config.kv_events,
             model=self.models[0],
             worker_id=self.config.id,
-            router_block_size=self.config.router_block_size,
+            router_block_size=self.router_block_size(),
             capacity_blocks=self._capacity_blocks,
             on_reset=self._on_kv_reset,
             clock_ms=self.clock_ms,
+            replay_endpoint=self.config.kv_events_replay,
+            dp_size=self.config.kv_events_dp_size,
+            adapters=self.models[1:],
         )
         self._consumer_task = spawn(self.consumer.run(), name=f"kv-events-{self.config.id}")
 
@@ -253,6 +264,11 @@ class WorkerAgent:
             ("kv_missed_batches_total", "counter", kv.missed_batches, "KV-event batches lost in gaps."),
             ("kv_decode_errors_total", "counter", kv.decode_errors, "Undecodable KV-event messages."),
             ("kv_write_errors_total", "counter", kv.write_errors, "KV-event batches not written to Redis."),
+            ("kv_replays_total", "counter", kv.replays, "KV-event gaps filled from the replay socket."),
+            ("kv_replay_failures_total", "counter", kv.replay_failures,
+             "KV-event gaps the replay could not fill (the index was reset)."),
+            ("kv_last_recovery_seconds", "gauge", kv.last_recovery_s,
+             "Time from the last KV-event gap to a whole index again."),
             ("kv_unknown_parent_blocks_total", "counter", unknown_parents,
              "Stored blocks skipped: their parent was stored before the agent subscribed."),
         ]  # fmt: skip

@@ -27,7 +27,11 @@ class AgentConfig:
     drain_quiet_periods: int = 2  # idle probes in a row before a draining worker deregisters
     max_concurrency: int = 0  # requests the worker takes at once; 0 = unknown (gateway default)
     kv_events: str | None = None  # ZMQ endpoint of the worker's KV-event publisher (exact mode)
-    router_block_size: int = 16  # tokens per router block in exact mode (the gateway's block size)
+    # tokens per router block in exact mode (the gateway's block size); 0 = the worker's own block size
+    # from `vllm:cache_config_info` (16 when it publishes none)
+    router_block_size: int = 16
+    kv_events_replay: str | None = None  # the publisher's replay socket (vLLM's replay_endpoint)
+    kv_events_dp_size: int = 1  # data-parallel ranks: one subscription each, at the base port + rank
     http_timeout_s: float = 2.0
     listen_host: str = "127.0.0.1"
     listen_port: int = 0  # the agent's own /healthz and /metrics; 0 = any free port
@@ -52,7 +56,8 @@ class AgentConfig:
             ("--fail-periods", self.fail_periods, 1),
             ("--drain-quiet-periods", self.drain_quiet_periods, 1),
             ("--max-concurrency", self.max_concurrency, 0),
-            ("--router-block-size", self.router_block_size, 1),
+            ("--router-block-size", self.router_block_size, 0),
+            ("--kv-events-dp-size", self.kv_events_dp_size, 1),
             ("--port", self.listen_port, 0),
         ):
             if value < low:
@@ -62,6 +67,12 @@ class AgentConfig:
         if self.kv_events is not None and not self.kv_events.startswith(("tcp://", "ipc://", "inproc://")):
             raise ConfigError(
                 "--kv-events", self.kv_events, "must be a ZMQ endpoint (tcp://host:port, ipc://...)"
+            )
+        if self.kv_events_replay is not None and (
+            self.kv_events is None or not self.kv_events_replay.startswith(("tcp://", "ipc://", "inproc://"))
+        ):
+            raise ConfigError(
+                "--kv-events-replay", self.kv_events_replay, "must be a ZMQ endpoint, with --kv-events"
             )
 
     @property
@@ -100,7 +111,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-concurrency", type=int, default=0, help="requests the worker runs at once (0 = unknown)"
     )
     p.add_argument("--kv-events", help="ZMQ endpoint of the worker's KV-event publisher (exact mode)")
-    p.add_argument("--router-block-size", type=int, default=16, help="tokens per router block (exact mode)")
+    p.add_argument(
+        "--router-block-size",
+        type=int,
+        default=16,
+        help="tokens per router block (exact mode); 0 = the worker's block size (vllm:cache_config_info)",
+    )
+    p.add_argument("--kv-events-replay", help="ZMQ endpoint of the publisher's replay socket (gap resync)")
+    p.add_argument(
+        "--kv-events-dp-size", type=int, default=1, help="data-parallel ranks publishing (port + rank each)"
+    )
     p.add_argument("--http-timeout-s", type=float, default=2.0, help="timeout of each call to the worker")
     p.add_argument("--host", default="127.0.0.1", help="address of the agent's own /healthz and /metrics")
     p.add_argument(
@@ -124,6 +144,8 @@ def parse_args(argv: list[str]) -> AgentConfig:
         max_concurrency=args.max_concurrency,
         kv_events=args.kv_events,
         router_block_size=args.router_block_size,
+        kv_events_replay=args.kv_events_replay,
+        kv_events_dp_size=args.kv_events_dp_size,
         http_timeout_s=args.http_timeout_s,
         listen_host=args.host,
         listen_port=args.port,

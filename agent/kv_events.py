@@ -27,7 +27,7 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]
 from cachetools import LRUCache
 
-from policy.prefix import token_block_hashes
+from policy.prefix import chain_namespace, chain_seed, token_block_hashes
 
 U64 = (1 << 64) - 1
 _FIELDS = {
@@ -63,6 +63,9 @@ class KvEvent:
     token_ids: tuple[int, ...] = ()
     block_size: int = 0
     medium: str | None = None
+    lora_id: int | None = None
+    lora_name: str | None = None
+    extra_keys: tuple[tuple[object, ...] | None, ...] = ()  # one entry per block (vLLM), or none
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +97,11 @@ def _event(raw: Any) -> KvEvent:
         raise KvEventDecodeError(f"event must be an array or a map, not {raw!r:.80}")
     hashes = tuple(h for h in (engine_hash(x) for x in fields.get("block_hashes") or ()) if h is not None)
     medium = fields.get("medium")
+    lora_id, lora_name = fields.get("lora_id"), fields.get("lora_name")
+    extra = fields.get("extra_keys") or ()
+    if not isinstance(extra, list | tuple):
+        raise KvEventDecodeError(f"extra_keys must be a list, not {extra!r:.80}")
+    extra_keys = tuple(tuple(e) if isinstance(e, list | tuple) else None for e in extra)
     return KvEvent(
         kind=kind,
         block_hashes=hashes,
@@ -101,6 +109,9 @@ def _event(raw: Any) -> KvEvent:
         token_ids=tuple(int(t) for t in fields.get("token_ids") or ()),
         block_size=int(fields.get("block_size") or 0),
         medium=str(medium) if medium is not None else None,
+        lora_id=int(lora_id) if isinstance(lora_id, int) and lora_id > 0 else None,
+        lora_name=str(lora_name) if lora_name else None,
+        extra_keys=extra_keys if any(e for e in extra_keys) else (),
     )
 
 
@@ -145,21 +156,31 @@ class _ChainState:
     last_key: int | None  # router key of the last full router block so far (None = none yet)
     pending: tuple[int, ...]  # tokens after it that do not fill a router block yet
     keys: tuple[int, ...]  # router keys this engine block completed (removed with it)
+    model: str | None = None  # the index these keys go to (a LoRA adapter's); None = the worker's model
 
 
 @dataclass(frozen=True, slots=True)
 class IndexChange:
     op: str  # "add" | "remove" | "clear"
     keys: tuple[int, ...] = ()
+    model: str | None = None  # the index it changes (a LoRA adapter the worker serves); None = the model
+    more: tuple[IndexChange, ...] = ()  # a removal's keys in other models' indexes
 
 
 class RouterKeys:
     """Engine hash -> router keys, so KV events become index adds and removes (bounded LRU)."""
 
-    def __init__(self, model: str, router_block_size: int, max_blocks: int = 1 << 18) -> None:
+    def __init__(
+        self,
+        model: str,
+        router_block_size: int,
+        max_blocks: int = 1 << 18,
+        adapters: frozenset[str] = frozenset(),
+    ) -> None:
         if router_block_size <= 0:
             raise ValueError("router_block_size must be > 0")
         self.model = model
+        self.adapters = adapters  # LoRA adapters the worker serves under their own names (own indexes)
         self.block_size = router_block_size
         self._chains: LRUCache[int, _ChainState] = LRUCache(maxsize=max(1, max_blocks))
         self.unknown_parents = 0  # stored blocks skipped because their parent was never seen
@@ -179,12 +200,16 @@ class RouterKeys:
         if event.medium is not None and event.medium.upper() != "GPU":
             return None
         if event.kind == "BlockRemoved":
-            removed: list[int] = []
+            removed: dict[str | None, list[int]] = {}
             for h in event.block_hashes:
                 state = self._chains.pop(h, None)
                 if state is not None:
-                    removed += state.keys
-            return IndexChange("remove", tuple(removed)) if removed else None
+                    removed.setdefault(state.model, []).extend(state.keys)
+            if not removed:
+                return None
+            (model, keys), *others = removed.items()
+            more = tuple(IndexChange("remove", tuple(k), m) for m, k in others)
+            return IndexChange("remove", tuple(keys), model, more)
         if event.kind == "BlockStored":
             return self._stored(event)
         return None
@@ -193,7 +218,7 @@ class RouterKeys:
         if not event.token_ids or not event.block_hashes:
             return None  # empty token list: an offload notice for blocks already known
         if event.parent_block_hash is None:
-            state = _ChainState(None, (), ())
+            state = self._root(event)
         elif (parent := self._chains.get(event.parent_block_hash)) is not None:
             state = parent
         else:
@@ -202,10 +227,29 @@ class RouterKeys:
         engine_size = event.block_size or len(event.token_ids) // len(event.block_hashes)
         added: list[int] = []
         for i, h in enumerate(event.block_hashes):
+            last = state.last_key
+            if i or event.parent_block_hash is not None:
+                # a later block's own extra keys (multimodal hashes) make every key from here on differ
+                # from a text-only prefix's; the adapter's name is in the seed already
+                extra = self._extra(event, i)
+                if extra and last is not None:
+                    last = chain_seed(chain_namespace(f"{last:016x}", extra))
             tokens = state.pending + event.token_ids[i * engine_size : (i + 1) * engine_size]
-            keys = continue_chain(state.last_key, tokens, model=self.model, block_size=self.block_size)
+            keys = continue_chain(last, tokens, model=self.model, block_size=self.block_size)
             used = len(keys) * self.block_size
-            state = _ChainState(keys[-1] if keys else state.last_key, tokens[used:], tuple(keys))
+            state = _ChainState(keys[-1] if keys else last, tokens[used:], tuple(keys), state.model)
             self._chains[h] = state
             added += keys
-        return IndexChange("add", tuple(added)) if added else None
+        return IndexChange("add", tuple(added), state.model) if added else None
+
+    def _extra(self, event: KvEvent, i: int) -> tuple[object, ...]:
+        """Block i's extra keys other than the LoRA adapter's name."""
+        if i >= len(event.extra_keys) or event.extra_keys[i] is None:
+            return ()
+        return tuple(k for k in event.extra_keys[i] or () if k != event.lora_name)
+
+    def _root(self, event: KvEvent) -> _ChainState:
+        """The chain state before block 0: seeded by the adapter (or model) name and block 0's salt."""
+        name = event.lora_name or (f"{self.model}\x00lora-{event.lora_id}" if event.lora_id else self.model)
+        model = event.lora_name if event.lora_name in self.adapters else None
+        return _ChainState(chain_seed(chain_namespace(name, self._extra(event, 0))), (), (), model)

@@ -109,7 +109,9 @@ class LocalTokenizer:
         added = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len)
         self.incremental = bool(added) and _incremental_ok(tokenizer)
         self._cut = re.compile("(" + "|".join(re.escape(t) for t in reversed(added)) + ")") if added else None
-        self._chains: LRUCache[tuple[tuple[int, int], int], _Chain] = LRUCache(maxsize=max(1, chain_entries))
+        self._chains: LRUCache[tuple[tuple[int, int], int, str], _Chain] = LRUCache(
+            maxsize=max(1, chain_entries)
+        )
         self._pieces: LRUCache[str, tuple[int, ...]] = LRUCache(maxsize=max(1, piece_tokens), getsizeof=len)
 
     @classmethod
@@ -157,7 +159,7 @@ class LocalTokenizer:
     async def blocks_async(self, body: Mapping[str, Any], model: str, block_size: int) -> LocalBlocks:
         """Token-block hashes of a request (policy.prefix.token_block_hashes of its ids)."""
         text, special = self.prompt_text(body)
-        plan = self._plan(text, special, block_size)
+        plan = self._plan(text, special, block_size, model)
         big = [p for p in plan.new if len(p) >= THREAD_MIN_CHARS]
         small = [p for p in plan.new if len(p) < THREAD_MIN_CHARS]
         if big:  # one long piece cannot be sliced: off the loop
@@ -182,7 +184,7 @@ class LocalTokenizer:
     def blocks(self, body: Mapping[str, Any], model: str, block_size: int) -> LocalBlocks:
         """`blocks_async` on the caller's thread, without yielding (tests, benchmarks)."""
         text, special = self.prompt_text(body)
-        plan = self._plan(text, special, block_size)
+        plan = self._plan(text, special, block_size, model)
         if plan.new:
             plan.fresh.update(zip(plan.new, map(tuple, self._encode(plan.new, special)), strict=True))
             self._remember(plan)
@@ -201,7 +203,7 @@ class LocalTokenizer:
             for text in plan.new:
                 self._pieces[text] = plan.fresh[text]
 
-    def _plan(self, text: str, special: bool, block_size: int) -> _Plan:
+    def _plan(self, text: str, special: bool, block_size: int, model: str) -> _Plan:
         """Cut `text`, find the longest cached chain, and list the pieces after it still to encode."""
         if not self.incremental or self._cut is None or special:
             # special tokens come from the post-processor: only a whole-text encode knows where they go
@@ -217,7 +219,7 @@ class LocalTokenizer:
             keys.append((key, length))
         start, chain = 0, None
         for i in range(len(pieces) - 1, -1, -1):
-            found = self._chains.get((keys[i], block_size))
+            found = self._chains.get((keys[i], block_size, model))
             if found is not None:
                 start, chain = i + 1, found
                 break
@@ -261,7 +263,7 @@ class LocalTokenizer:
             pending = run[full * block_size :]
             tokens += len(ids)
             if key is not None:
-                self._chains[(key, block_size)] = _Chain(hashes, len(hashes), last, pending, tokens)
+                self._chains[(key, block_size, model)] = _Chain(hashes, len(hashes), last, pending, tokens)
             if since_yield >= HASH_SLICE_BLOCKS:
                 since_yield = 0
                 yield None

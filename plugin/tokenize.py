@@ -33,7 +33,7 @@ from cachetools import LRUCache
 
 from plugin.chat_template import TemplateError
 from plugin.local_tokenizer import LocalTokenizer
-from policy.prefix import token_block_hashes
+from policy.prefix import chain_namespace, token_block_hashes
 from store.registry import WorkerRecord
 
 # Chat fields that change how vLLM renders the prompt (TokenizeChatRequest, ChatCompletionRequest).
@@ -113,7 +113,7 @@ class Tokenizer:
     ) -> None:
         self.local = dict(local or {})  # model -> its own tokenizer and chat template (no round trip)
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.cache: LRUCache[tuple[str, int], TokenBlocks] | None = (
+        self.cache: LRUCache[tuple[str, int, str], TokenBlocks] | None = (
             LRUCache(maxsize=cache_entries) if cache_entries > 0 else None
         )
         self._session: aiohttp.ClientSession | None = None
@@ -135,27 +135,29 @@ class Tokenizer:
     ) -> tuple[TokenBlocks, str]:
         """(blocks, source) with source "prompt" (ids in the request), "local" (the model's own
         tokenizer, plugin/local_tokenizer.py), "cache" or "worker"; `request_for` is the endpoint's
-        /tokenize body (plugin/endpoints.py). Raises TokenizeFailed."""
+        /tokenize body (plugin/endpoints.py). The chain is seeded by `request_namespace` (the model and
+        the request's `cache_salt`, as the engine's keys are). Raises TokenizeFailed."""
         request = request_for(body, model)
+        chain = request_namespace(body, model)
         if isinstance(request, list):
-            return _hashed(request, model, block_size), "prompt"
+            return _hashed(request, chain, block_size), "prompt"
         local = self.local.get(model)
         if local is not None:
             try:
-                mine = await local.blocks_async(body, model, block_size)
+                mine = await local.blocks_async(body, chain, block_size)
             except TemplateError:
                 pass  # a request the local template cannot render (e.g. images): the worker renders it
             else:
                 sizes = (block_size,) * len(mine.hashes)
                 return TokenBlocks(mine.hashes, sizes, mine.prompt_tokens), "local"
         key = json.dumps(request, separators=(",", ":"))  # the cache key is also the body sent
-        if self.cache is not None and (hit := self.cache.get((key, block_size))) is not None:
+        if self.cache is not None and (hit := self.cache.get((key, block_size, chain))) is not None:
             return hit, "cache"
         worker = self._pick(workers)
-        found = _hashed(await self._ask(worker, key), model, block_size)
+        found = _hashed(await self._ask(worker, key), chain, block_size)
         self._failed.pop(worker.id, None)
         if self.cache is not None:
-            self.cache[(key, block_size)] = found
+            self.cache[(key, block_size, chain)] = found
         return found, "worker"
 
     def _pick(self, workers: Sequence[WorkerRecord]) -> WorkerRecord:
@@ -188,6 +190,13 @@ class Tokenizer:
         except TokenizeFailed:
             self._failed[worker.id] = time.monotonic()
             raise
+
+
+def request_namespace(body: Mapping[str, object], model: str) -> str:
+    """The exact-mode chain name of a request: its model (a LoRA adapter is served under its own name)
+    and vLLM's `cache_salt`, which the engine mixes into block 0 (policy.prefix.chain_namespace)."""
+    salt = body.get("cache_salt")
+    return chain_namespace(model, (salt,) if isinstance(salt, str) and salt else ())
 
 
 def _hashed(ids: Sequence[int], model: str, block_size: int) -> TokenBlocks:

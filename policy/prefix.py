@@ -10,12 +10,16 @@ Two modes (DESIGN.md, "Two prefix-index modes"):
 
 Hash i covers everything up to and including block i (hash_i = H(hash_{i-1} ‖ block_i)), so equal hashes at
 position i mean equal prefixes — the Mooncake `hash_ids` semantics. The chain is seeded by the model name:
-two models never share cache entries. blake2b (stdlib, digest 8 bytes) is fast enough: a 16k-character
+two models never share cache entries. In exact mode the seed is `chain_namespace(model, salt)`: the model
+or LoRA adapter name (vLLM serves an adapter under its own name) and the engine's extra keys of block 0
+(vLLM's `cache_salt`), as vLLM's block hashes include them, so two adapters' or salts' identical prompts
+never share keys. blake2b (stdlib, digest 8 bytes) is fast enough: a 16k-character
 prompt hashes in ~0.03 ms (see docs/ROUTING.md).
 """
 
 from __future__ import annotations
 
+import json
 from array import array
 from collections.abc import Sequence
 from hashlib import blake2b
@@ -27,6 +31,23 @@ DEFAULT_MAX_BLOCKS = 512  # 128k characters ≈ 32k tokens; later text does not 
 
 def _seed(model: str) -> bytes:
     return blake2b(b"kvgate\x00" + model.encode(), digest_size=8).digest()
+
+
+def chain_namespace(model: str, salt: Sequence[object] = ()) -> str:
+    """The name an exact-mode chain is seeded with: `model` (or the LoRA adapter's name), plus block 0's
+    extra keys other than the adapter's name (vLLM: `cache_salt`; multimodal hashes, which the gateway
+    never computes, give a namespace it never matches) when there are any."""
+    return model if not salt else f"{model}\x00{canonical_json(list(salt))}"
+
+
+def chain_seed(name: str) -> int:
+    """The chain state before block 0 of `name`'s chain, as the int a chain continues from (LE)."""
+    return int.from_bytes(_seed(name), "little")
+
+
+def canonical_json(value: object) -> str:
+    """Key-order- and whitespace-independent JSON, the canonical form of structured fields."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def text_block_hashes(

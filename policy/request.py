@@ -11,11 +11,10 @@ characters. Pure: no I/O.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Mapping
 
-from policy.prefix import CHARS_PER_TOKEN
+from policy.prefix import CHARS_PER_TOKEN, canonical_json
 
 # the chat roles an OpenAI request may carry; others are refused
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -158,7 +157,7 @@ def chat_text(body: Mapping[str, object]) -> str:
     """A checked chat request: `tools` (canonical JSON, first: they act like a system prompt), then
     each message as `<|role name=.. call=..|>content<call id fn>args\\n`."""
     tools = body.get("tools")
-    parts = [f"<|tools|>{_json(tools)}\n"] if tools is not None else []
+    parts = [f"<|tools|>{canonical_json(tools)}\n"] if tools is not None else []
     messages = body["messages"]
     assert isinstance(messages, list)
     parts.extend(_message_text(m) for m in messages)
@@ -182,11 +181,6 @@ def _tokens_text(ids: list[int]) -> str:
     return "<tokens:" + ",".join(map(str, ids)) + ">"
 
 
-def _json(value: object) -> str:
-    """Key-order- and whitespace-independent JSON, the canonical form of structured fields."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def _message_text(msg: Mapping[str, object]) -> str:
     head = f"<|{msg['role']}"
     if msg.get("name") is not None:
@@ -198,7 +192,7 @@ def _message_text(msg: Mapping[str, object]) -> str:
     for call in calls if isinstance(calls, list) else ():
         fn = call["function"]
         args = fn.get("arguments", "")
-        args_text = args if isinstance(args, str) else _json(args)
+        args_text = args if isinstance(args, str) else canonical_json(args)
         text += f"<call {call.get('id', '')} {fn['name']}>{args_text}"
     reasoning = msg.get("reasoning_content")
     if isinstance(reasoning, str):
@@ -220,5 +214,5 @@ def _content_text(content: object) -> str:
         elif kind == "image_url":
             out.append(f"<image:{_image_url(part)}>")
         else:  # input_audio, file, ...: canonical JSON stands for the part
-            out.append(f"<{kind}:{_json(part)}>")
+            out.append(f"<{kind}:{canonical_json(part)}>")
     return "".join(out)

@@ -34,6 +34,12 @@ def parse_args(argv: list[str]) -> EmulatorConfig:
     parser.add_argument("--worker-id", default="emulator", help="names this worker in the KV-event topic")
     parser.add_argument("--kv-events-endpoint", help="bind a ZMQ PUB socket here, e.g. tcp://127.0.0.1:5557")
     parser.add_argument("--kv-events-topic", help="default kv@<worker-id>@<model>")
+    parser.add_argument(
+        "--lora-adapter", action="append", default=[], help="serve this name as a LoRA adapter (repeatable)"
+    )
+    parser.add_argument(
+        "--kv-events-replay-endpoint", help="bind vLLM's replay ROUTER socket here (lost batches on request)"
+    )
     parser.add_argument("--default-max-tokens", type=int, default=64, help="output length without max_tokens")
     parser.add_argument("--max-model-len", type=int, default=131_072)
     parser.add_argument(
@@ -55,6 +61,8 @@ def parse_args(argv: list[str]) -> EmulatorConfig:
             worker_id=args.worker_id,
             kv_events_endpoint=args.kv_events_endpoint,
             kv_events_topic=args.kv_events_topic,
+            kv_events_replay_endpoint=args.kv_events_replay_endpoint,
+            lora_adapters=tuple(args.lora_adapter),
             default_max_tokens=args.default_max_tokens,
             max_model_len=args.max_model_len,
             stream_interval_s=args.stream_interval_ms / 1000,

@@ -56,7 +56,11 @@ async def run_completion(
     loop = asyncio.get_running_loop()
     started = loop.time()
     try:
-        state = worker.driver.submit(external_id, worker.engine_blocks(job.prompt_tokens), job.max_tokens)
+        state = worker.driver.submit(
+            external_id,
+            worker.engine_blocks(job.prompt_tokens, worker.lora_of(job.model), job.cache_salt),
+            job.max_tokens,
+        )
     except EngineBroken as e:
         return error_response(ApiError(500, str(e)))
     worker.metrics.request_started(len(job.prompt_tokens))

@@ -2,7 +2,9 @@
 
 Wire format (shared/reference/PEERS.md §3.2-3.3, vLLM's array encoding): each message is three
 frames `[topic, seq (8-byte big-endian, from 0), msgpack([ts, [events...], dp_rank])]` with events
-  ["BlockStored", block_hashes, parent_block_hash | None, token_ids, block_size, lora_id, "GPU"]
+  ["BlockStored", block_hashes, parent_block_hash | None, token_ids, block_size, lora_id, "GPU",
+   lora_name, extra_keys]   (extra_keys one entry per block, as vLLM: (lora_name?, cache_salt?) for
+                             block 0, (lora_name,) after it, None when there are none)
   ["BlockRemoved", block_hashes, "GPU"]
   ["AllBlocksCleared"]
 Block hashes are the emulator's 64-bit block keys (bench/emulator/tokenizer.py). The engine reports
@@ -11,16 +13,23 @@ submits it; keys the catalog does not know (a request's trailing partial block, 
 caches) are not published.
 Unlike vLLM, which connects unless the endpoint has a wildcard, the publisher always BINDs: the agent
 next to the worker connects its SUB socket. The topic defaults to llm-d's `kv@<worker-id>@<model>`.
-No replay socket. Faults on command (`POST /kvgate/kv_faults {"drop": n, "duplicate": n, "reorder": n}`):
+A replay socket as vLLM's (`replay_endpoint`): a ROUTER bound beside the PUB; a DEALER (or REQ) sends
+`[b"", start_seq (8 bytes big-endian)]` and gets back every buffered batch from `start_seq` on as
+`[b"", seq, payload]`, then `[b"", END_SEQ (-1 as 8 signed bytes), b""]`. The buffer holds the last
+`buffer_steps` batches published, dropped ones included (a drop is a loss on the wire).
+Faults on command (`POST /kvgate/kv_faults {"drop": n, "duplicate": n, "reorder": n}`):
 the next n batches are lost (their sequence numbers used up), sent twice, or each held back and sent
 after the batch that follows it, so the agent's resync can be tested end to end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
@@ -35,20 +44,39 @@ MEDIUM = "GPU"
 EngineKvEvent = tuple[str, Sequence[Hashable]]
 
 
+@dataclass(frozen=True, slots=True)
+class CatalogBlock:
+    parent: int | None
+    tokens: tuple[int, ...]
+    lora_name: str | None = None
+    extra_keys: tuple[str, ...] | None = None  # vLLM's per-block extra keys (LoRA name, cache salt)
+
+
 class BlockCatalog:
-    """Parent key and token ids of every full block submitted recently (bounded LRU)."""
+    """Parent key, token ids and extra keys of every full block submitted recently (bounded LRU)."""
 
     def __init__(self, max_blocks: int) -> None:
-        self._blocks: LRUCache[Hashable, tuple[int | None, tuple[int, ...]]] = LRUCache(maxsize=max_blocks)
+        self._blocks: LRUCache[Hashable, CatalogBlock] = LRUCache(maxsize=max_blocks)
 
-    def remember(self, keys: Sequence[int], tokens: Sequence[int], block_size: int) -> None:
+    def remember(
+        self,
+        keys: Sequence[int],
+        tokens: Sequence[int],
+        block_size: int,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
         """`keys` are the chained keys of the full blocks of `tokens`, block 0 first."""
         parent: int | None = None
         for i, key in enumerate(keys):
-            self._blocks[key] = (parent, tuple(tokens[i * block_size : (i + 1) * block_size]))
+            extra = (lora_name,) if lora_name is not None else ()
+            if i == 0 and cache_salt is not None:  # vLLM salts block 0 only; the chain carries it on
+                extra += (cache_salt,)
+            block = tuple(tokens[i * block_size : (i + 1) * block_size])
+            self._blocks[key] = CatalogBlock(parent, block, lora_name, extra or None)
             parent = key
 
-    def get(self, key: Hashable) -> tuple[int | None, tuple[int, ...]] | None:
+    def get(self, key: Hashable) -> CatalogBlock | None:
         return self._blocks.get(key)
 
     def forget(self, keys: Iterable[Hashable]) -> None:
@@ -86,21 +114,28 @@ def _stored_runs(keys: Sequence[Hashable], catalog: BlockCatalog, block_size: in
     events: list[list[Any]] = []
     run: list[Hashable] = []
     tokens: list[int] = []
+    extras: list[Any] = []
     run_parent: int | None = None
+    lora: str | None = None
+
+    def stored() -> list[Any]:
+        extra_keys = list(extras) if any(e is not None for e in extras) else None
+        return ["BlockStored", run, run_parent, tokens, block_size, None, MEDIUM, lora, extra_keys]
+
     for key in keys:
         entry = catalog.get(key)
         if entry is None:
             continue
-        parent, block_tokens = entry
-        if run and parent != run[-1]:
-            events.append(["BlockStored", run, run_parent, tokens, block_size, None, MEDIUM])
-            run, tokens = [], []
+        if run and entry.parent != run[-1]:
+            events.append(stored())
+            run, tokens, extras = [], [], []
         if not run:
-            run_parent = parent
+            run_parent, lora = entry.parent, entry.lora_name
         run.append(key)
-        tokens.extend(block_tokens)
+        tokens.extend(entry.tokens)
+        extras.append(list(entry.extra_keys) if entry.extra_keys is not None else None)
     if run:
-        events.append(["BlockStored", run, run_parent, tokens, block_size, None, MEDIUM])
+        events.append(stored())
     return events
 
 
@@ -114,23 +149,39 @@ def default_topic(worker_id: str, model: str) -> str:
     return f"kv@{worker_id}@{model}"
 
 
-class KvEventPublisher:
-    """A bound ZMQ PUB socket sending one batch per call to `publish()`."""
+END_SEQ = (-1).to_bytes(8, "big", signed=True)  # vLLM's end-of-replay marker
+BUFFER_STEPS = 10_000  # vLLM's default KVEventsConfig.buffer_steps
 
-    def __init__(self, endpoint: str, topic: str) -> None:
+
+class KvEventPublisher:
+    """A bound ZMQ PUB socket sending one batch per call to `publish()`, and the optional replay socket."""
+
+    def __init__(
+        self, endpoint: str, topic: str, replay_endpoint: str | None = None, buffer_steps: int = BUFFER_STEPS
+    ) -> None:
         self.topic = topic.encode()
         self._seq = 0
         self._context = zmq.asyncio.Context()
         self._socket = self._context.socket(zmq.PUB)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SNDHWM, 100_000)  # vLLM's default hwm
+        self._replay: zmq.asyncio.Socket | None = None
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=max(1, buffer_steps))
+        self.replays_served = 0
         try:
             self._socket.bind(endpoint)
+            if replay_endpoint:
+                self._replay = self._context.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.LINGER, 0)
+                self._replay.bind(replay_endpoint)
         except zmq.ZMQError as e:
             self.close()
-            raise OSError(f"cannot bind KV-event endpoint {endpoint}: {e}") from e
-        # the actual endpoint, with the port filled in when `endpoint` asked for "tcp://host:*"
+            raise OSError(f"cannot bind KV-event endpoint {endpoint} / {replay_endpoint}: {e}") from e
+        # the actual endpoints, with the port filled in when one asked for "tcp://host:*"
         self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.replay_endpoint: str | None = (
+            self._replay.getsockopt_string(zmq.LAST_ENDPOINT) if self._replay is not None else None
+        )
         self.faults = {"drop": 0, "duplicate": 0, "reorder": 0}  # batches still to treat so
         self._held: list[list[bytes]] | None = None  # a reordered batch, sent after the next one
 
@@ -139,6 +190,7 @@ class KvEventPublisher:
             return
         payload = encode_batch(time.time() if ts is None else ts, events)
         frames = [self.topic, self._seq.to_bytes(8, "big"), payload]
+        self._buffer.append((self._seq, payload))
         self._seq += 1
         if self.faults["drop"] > 0:
             self.faults["drop"] -= 1
@@ -162,10 +214,30 @@ class KvEventPublisher:
             except zmq.Again:  # a PUB socket drops at its high-water mark; so do we, and say so
                 logger.warning("KV-event batch dropped (high-water mark)")
 
+    async def serve_replay(self) -> None:
+        """Answer replay requests until cancelled (vLLM's `_service_replay`); a no-op without the socket."""
+        if self._replay is None:
+            return
+        while True:
+            frames = await self._replay.recv_multipart()
+            if len(frames) != 3 or len(frames[2]) != 8:
+                logger.warning("invalid KV-event replay request: %d frames", len(frames))
+                continue
+            client, _, start = frames
+            start_seq = int.from_bytes(start, "big")
+            for seq, payload in list(self._buffer):
+                if seq >= start_seq:
+                    await self._replay.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
+            await self._replay.send_multipart([client, b"", END_SEQ, b""])
+            self.replays_served += 1
+            await asyncio.sleep(0)
+
     @property
     def batches_sent(self) -> int:
         return self._seq
 
     def close(self) -> None:
         self._socket.close(linger=0)
+        if self._replay is not None:
+            self._replay.close(linger=0)
         self._context.term()

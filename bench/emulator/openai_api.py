@@ -54,6 +54,7 @@ class CompletionJob:
     max_tokens: int
     stream: bool
     include_usage: bool
+    cache_salt: str | None = None  # vLLM's request field: salts the prefix-cache keys (block 0 on)
 
 
 def _optional(body: Mapping[str, Any], name: str, types: tuple[type, ...], what: str) -> Any:
@@ -104,6 +105,7 @@ def parse_completion_request(
     if options is not None and not stream:
         raise ApiError(400, "stream_options: only allowed when stream is true", "stream_options")
     include_usage = bool(options and _optional(options, "include_usage", (bool,), "a boolean"))
+    cache_salt = _optional(body, "cache_salt", (str,), "a string")
     if len(prompt_tokens) + max_tokens > max_model_len:
         raise ApiError(
             400,
@@ -111,7 +113,7 @@ def parse_completion_request(
             f"{len(prompt_tokens) + max_tokens} tokens ({len(prompt_tokens)} in the messages, "
             f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
         )
-    return CompletionJob(kind, model, prompt_tokens, max_tokens, stream, include_usage)
+    return CompletionJob(kind, model, prompt_tokens, max_tokens, stream, include_usage, cache_salt or None)
 
 
 def _completion_prompt(prompt: Any, tokenizer: EngineTokenizer) -> list[int]:

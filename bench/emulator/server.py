@@ -62,7 +62,7 @@ async def engine_context(app: web.Application) -> AsyncIterator[None]:
     publisher = catalog = None
     if config.kv_events_endpoint:
         topic = config.kv_events_topic or default_topic(config.worker_id, config.model)
-        publisher = KvEventPublisher(config.kv_events_endpoint, topic)
+        publisher = KvEventPublisher(config.kv_events_endpoint, topic, config.kv_events_replay_endpoint)
         catalog = BlockCatalog(max_blocks=4 * profile.num_gpu_blocks + 10_000)
         logger.info("publishing KV events on %s topic %s", publisher.endpoint, topic)
 
@@ -95,10 +95,15 @@ async def engine_context(app: web.Application) -> AsyncIterator[None]:
     )
     app[WORKER] = worker
     task = spawn(driver.run(), name=f"emulator-driver-{config.worker_id}")
+    replay = (
+        spawn(publisher.serve_replay(), name=f"emulator-replay-{config.worker_id}") if publisher else None
+    )
     try:
         yield
     finally:
         await cancel_and_wait(task)
+        if replay is not None:
+            await cancel_and_wait(replay)
         if publisher is not None:
             publisher.close()
 

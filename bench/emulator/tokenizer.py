@@ -115,11 +115,19 @@ def block_key(parent: int, block_tokens: Sequence[int]) -> int:
     return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "big")
 
 
-def full_block_keys(tokens: Sequence[int], block_size: int) -> list[int]:
+def root_key(lora_name: str | None = None, cache_salt: str | None = None) -> int:
+    """The parent of block 0: ROOT_KEY, or one of its own per LoRA adapter and cache salt."""
+    if lora_name is None and cache_salt is None:
+        return ROOT_KEY
+    extra = f"{lora_name}\x00{cache_salt}".encode()
+    return int.from_bytes(hashlib.blake2b(ROOT_KEY.to_bytes(8, "big") + extra, digest_size=8).digest(), "big")
+
+
+def full_block_keys(tokens: Sequence[int], block_size: int, root: int = ROOT_KEY) -> list[int]:
     """Chained keys of the full blocks of `tokens` (a trailing partial block has none); as `block_key`."""
     data = _token_bytes(tokens)
     stride = 4 * block_size
-    parent = ROOT_KEY.to_bytes(8, "big")
+    parent = root.to_bytes(8, "big")
     digests = []
     for start in range(0, (len(tokens) // block_size) * stride, stride):
         parent = hashlib.blake2b(parent + data[start : start + stride], digest_size=8).digest()

@@ -19,7 +19,7 @@ from bench.emulator.engine_tokenizer import EngineTokenizer, FakeTokenizer
 from bench.emulator.kv_events import BlockCatalog, KvEventPublisher
 from bench.emulator.metrics import EngineSnapshot, RequestMetrics
 from bench.emulator.openai_api import ApiError
-from bench.emulator.tokenizer import full_block_keys
+from bench.emulator.tokenizer import full_block_keys, root_key
 from bench.sim.profiles import EngineProfile, load_profile, scaled
 
 logger = logging.getLogger(__name__)
@@ -41,6 +41,10 @@ class EmulatorConfig:
     worker_id: str = "emulator"
     kv_events_endpoint: str | None = None  # e.g. tcp://127.0.0.1:5557 (bound); None = no KV events
     kv_events_topic: str | None = None  # default kv@<worker_id>@<model>
+    # vLLM's KVEventsConfig.replay_endpoint: a ROUTER socket serving buffered batches (None = no replay)
+    kv_events_replay_endpoint: str | None = None
+    # served names that are LoRA adapters of the model (vLLM --lora-modules): their blocks get other keys
+    lora_adapters: tuple[str, ...] = ()
     default_max_tokens: int = 64  # output length when a request gives no max_tokens
     max_model_len: int = 131_072
     stream_interval_s: float = 0.02  # decoding streams flush new tokens at most this often (wall)
@@ -65,7 +69,7 @@ class EmulatorConfig:
 
     @property
     def models(self) -> tuple[str, ...]:
-        return (self.model, *self.extra_model_names)
+        return (self.model, *self.extra_model_names, *self.lora_adapters)
 
     def engine_profile(self) -> EngineProfile:
         profile = load_profile(self.profile)
@@ -100,13 +104,19 @@ class Worker:
         self.held_log.append((time.monotonic(), delta, external_id))
         self.held_log_total += 1
 
-    def engine_blocks(self, tokens: list[int]) -> list[tuple[int, int]]:
-        """(key, tokens) per engine block: full blocks by chained key; the trailing partial block gets a
-        key no other request uses, so it is never a cache hit (vLLM caches full blocks only)."""
+    def lora_of(self, model: str) -> str | None:
+        return model if model in self.config.lora_adapters else None
+
+    def engine_blocks(
+        self, tokens: list[int], lora_name: str | None = None, cache_salt: str | None = None
+    ) -> list[tuple[int, int]]:
+        """(key, tokens) per engine block: full blocks by chained key (an adapter's or a salted request's
+        chain starts elsewhere, as vLLM's extra keys make it); the trailing partial block gets a key no
+        other request uses, so it is never a cache hit (vLLM caches full blocks only)."""
         size = self.profile.block_size
-        keys = full_block_keys(tokens, size)
+        keys = full_block_keys(tokens, size, root_key(lora_name, cache_salt))
         if self.catalog is not None:
-            self.catalog.remember(keys, tokens, size)
+            self.catalog.remember(keys, tokens, size, lora_name, cache_salt)
         blocks = [(key, size) for key in keys]
         if rest := len(tokens) - len(keys) * size:
             blocks.append((self.rng.getrandbits(64), rest))

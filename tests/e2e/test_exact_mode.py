@@ -25,7 +25,8 @@ from bench import toy_model
 from bench.emulator.tokenizer import render_chat, tokenize
 from bench.stack import stop_process
 from plugin.local_tokenizer import LocalTokenizer
-from policy.prefix import token_block_hashes
+from plugin.tokenize import request_namespace
+from policy.prefix import chain_namespace, token_block_hashes
 from store import index_store, registry
 from store.redis_server import free_port
 from tests.e2e.harness import Gateway, SseUpstream, chat, gateways, get, metric, poll, post, start_worker
@@ -250,3 +251,150 @@ async def test_local_tokenizer_agrees_with_the_worker_and_routes_without_a_round
         _, text = await get(f"{gw.url}/metrics")
         assert metric(text.decode(), "kvgate_tokenize_total", model=MODEL, source="local") == 3
         assert metric(text.decode(), "kvgate_tokenize_total", model=MODEL, source="worker") is None
+
+
+async def test_a_gap_is_resynced_from_the_replay_socket_and_without_one_the_index_is_reset(
+    redis: aioredis.Redis, redis_url: str, processes: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    """Two workers lose the same batch: the one with vLLM's replay socket gets it back (its index keeps
+    every prefix it holds), the one without has its index reset (only what came after the gap)."""
+    runners = []
+    urls, agent_ports = {}, {}
+    try:
+        for wid, replay in (("r0", True), ("r1", False)):
+            zmq_pub = f"tcp://127.0.0.1:{free_port()}"
+            zmq_replay = f"tcp://127.0.0.1:{free_port()}" if replay else None
+            runner, url = await start_worker(
+                MODEL, wid, time_scale=0.02, kv_events_endpoint=zmq_pub, kv_events_replay_endpoint=zmq_replay
+            )
+            runners.append(runner)
+            urls[wid] = url
+            extra = ["--kv-events-replay", zmq_replay] if zmq_replay else []
+            agent_ports[wid] = port = free_port()
+            extra += ["--port", str(port), "--heartbeat-ms", "100", "--router-block-size", "0"]
+            processes("agent", "--worker-url", url, "--model", MODEL, "--worker-id", wid,
+                      "--redis", redis_url, "--kv-events", zmq_pub, *extra)  # fmt: skip
+
+        async def registered() -> bool:
+            records = await registry.read_workers(redis, MODEL, 0)
+            return sorted(r.id for r in records if r.router_block_size == 16) == ["r0", "r1"]
+
+        # --router-block-size 0: the emulator's vllm:cache_config_info says block_size 16
+        await poll(registered, WAIT_S, "both agents registered with the worker's block size", interval_s=0.05)
+        first = chat(MODEL, "first", system=SYSTEM, max_tokens=2)
+        lost = chat(MODEL, "lost", system=SYSTEM.upper(), max_tokens=2)
+        after = chat(MODEL, "after", system=SYSTEM.lower(), max_tokens=2)
+        for wid, url in urls.items():
+            await warm(redis, url, wid, first)
+            assert (await post(f"{url}/kvgate/kv_faults", {"drop": 1}))[0] == 200
+            status, _, text = await post(f"{url}/v1/chat/completions", lost)  # its batch is lost
+            assert status == 200, text
+            await warm(redis, url, wid, after)  # the next batch shows the gap
+        index = await index_store.load_snapshot(redis, MODEL)
+        held = prefix_keys(first) | prefix_keys(lost) | prefix_keys(after)
+        assert held <= set(index["r0"])  # replayed: whole
+        assert prefix_keys(after) <= set(index["r1"]) and not prefix_keys(lost) & set(index["r1"])  # reset
+        for wid, replayed in (("r0", 1.0), ("r1", 0.0)):
+            _, body = await get(f"http://127.0.0.1:{agent_ports[wid]}/metrics")
+            text = body.decode()
+            assert metric(text, "kvgate_agent_kv_replays_total", worker=wid) == replayed
+            assert metric(text, "kvgate_agent_kv_seq_gaps_total", worker=wid) == 1.0
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+def two_free_ports() -> int:
+    """A port p with p + 1 free too (vLLM's DP rank r publishes at the base port + r)."""
+    import socket
+
+    for _ in range(50):
+        base = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", base + 1))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError("no two consecutive free ports")
+
+
+async def test_one_subscription_per_dp_rank_and_the_index_is_their_union(
+    redis: aioredis.Redis, redis_url: str, processes: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    """Two emulated engines publish as DP ranks 0 and 1 of one worker (ports p and p + 1); the agent
+    subscribes to both, and a cache reset on rank 1 leaves rank 0's entries in the worker's index."""
+    base = two_free_ports()
+    runners, urls = [], []
+    try:
+        for rank in (0, 1):
+            runner, url = await start_worker(
+                MODEL, "dp", time_scale=0.02, kv_events_endpoint=f"tcp://127.0.0.1:{base + rank}"
+            )
+            runners.append(runner)
+            urls.append(url)
+        events = ["--kv-events", f"tcp://127.0.0.1:{base}", "--kv-events-dp-size", "2"]
+        processes("agent", "--worker-url", urls[0], "--model", MODEL, "--worker-id", "dp",
+                  "--redis", redis_url, "--heartbeat-ms", "100", *events)  # fmt: skip
+
+        async def registered() -> bool:
+            return [r.id for r in await registry.read_workers(redis, MODEL, 0)] == ["dp"]
+
+        await poll(registered, WAIT_S, "the DP agent registered", interval_s=0.05)
+        on0 = chat(MODEL, "rank zero", system=SYSTEM, max_tokens=2)
+        on1 = chat(MODEL, "rank one", system=SYSTEM.upper(), max_tokens=2)
+        await warm(redis, urls[0], "dp", on0)
+        await warm(redis, urls[1], "dp", on1)
+        assert (await post(f"{urls[1]}/reset_prefix_cache", b""))[0] == 200
+
+        async def rank1_gone() -> bool:
+            return not prefix_keys(on1) & set((await index_store.load_snapshot(redis, MODEL)).get("dp", ()))
+
+        await poll(rank1_gone, WAIT_S, "rank 1's entries to go with its cache", interval_s=0.05)
+        assert prefix_keys(on0) <= set((await index_store.load_snapshot(redis, MODEL))["dp"])
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+async def test_lora_adapters_and_cache_salts_get_keys_of_their_own(
+    redis: aioredis.Redis, redis_url: str, processes: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    """The same prompt under a LoRA adapter, under a cache_salt and plain: the worker's BlockStored
+    carries lora_name / extra_keys, and the agent's keys are the gateway's for each (model or adapter
+    name, salt) — three disjoint key sets, so none of them is taken for another's cache."""
+    zmq_pub = f"tcp://127.0.0.1:{free_port()}"
+    runner, url = await start_worker(
+        MODEL, "lw", time_scale=0.02, kv_events_endpoint=zmq_pub, lora_adapters=("m-lora",)
+    )
+    try:
+        processes("agent", "--worker-url", url, "--model", MODEL, "--worker-id", "lw",
+                  "--redis", redis_url, "--heartbeat-ms", "100", "--kv-events", zmq_pub)  # fmt: skip
+
+        async def registered() -> bool:
+            return [r.id for r in await registry.read_workers(redis, MODEL, 0)] == ["lw"]
+
+        await poll(registered, WAIT_S, "the agent registered", interval_s=0.05)
+        plain = chat(MODEL, "same question", system=SYSTEM, max_tokens=2)
+        ids = tokenize(render_chat(plain["messages"]))
+        cases = [
+            (plain, MODEL),
+            ({**plain, "cache_salt": "tenant-7"}, chain_namespace(MODEL, ["tenant-7"])),
+            ({**plain, "model": "m-lora"}, "m-lora"),
+        ]
+        seen: list[set[int]] = []
+        for body, chain in cases:
+            keys = set(token_block_hashes(ids, model=chain, block_size=16)[0])
+            # the gateway hashes the request the same way
+            assert request_namespace(body, str(body["model"])) == chain
+            status, _, text = await post(f"{url}/v1/chat/completions", body)
+            assert status == 200, text
+
+            async def indexed(keys: set[int] = keys) -> bool:
+                return keys <= set((await index_store.load_snapshot(redis, MODEL)).get("lw", ()))
+
+            await poll(indexed, WAIT_S, f"the agent to index the {chain!r} prefix", interval_s=0.05)
+            assert all(not keys & other for other in seen)
+            seen.append(keys)
+    finally:
+        await runner.cleanup()

@@ -80,14 +80,14 @@ def catalog() -> BlockCatalog:
 
 def test_a_chain_of_stored_blocks_is_one_block_stored_with_all_its_tokens() -> None:
     events = to_vllm_events([("stored", KEYS_A)], catalog(), 16)
-    assert events == [["BlockStored", KEYS_A, None, PROMPT_A, 16, None, "GPU"]]
+    assert events == [["BlockStored", KEYS_A, None, PROMPT_A, 16, None, "GPU", None, None]]
 
 
 def test_stored_blocks_that_do_not_chain_split_into_events_with_their_parents() -> None:
     events = to_vllm_events([("stored", [*KEYS_A, KEYS_B[1], PARTIAL_KEY])], catalog(), 16)
     assert events == [
-        ["BlockStored", KEYS_A, None, PROMPT_A, 16, None, "GPU"],
-        ["BlockStored", [KEYS_B[1]], KEYS_B[0], PROMPT_B[16:32], 16, None, "GPU"],
+        ["BlockStored", KEYS_A, None, PROMPT_A, 16, None, "GPU", None, None],
+        ["BlockStored", [KEYS_B[1]], KEYS_B[0], PROMPT_B[16:32], 16, None, "GPU", None, None],
     ]
 
 
