@@ -94,7 +94,7 @@ def decision_point(
     routing = router.model(MODEL)
     capacity_tokens = int(2 * per_worker / routing.blocks_per_token)
     records = fleet(workers, capacity_tokens // BLOCK_TOKENS)
-    routing.views(records)  # sizes each worker's LRU
+    routing.size_index(records)  # sizes each worker's LRU
     gc.collect()
     before = rss_bytes()
     chains: list[list[int]] = []
