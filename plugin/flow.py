@@ -23,8 +23,8 @@ from store.slots import LeaseLost
 if TYPE_CHECKING:
     from plugin.auth import Caller
     from plugin.parse import ParsedRequest
-    from plugin.sessions import SessionRef
     from plugin.streaming import SseMeter
+    from policy.session import SessionBinding
     from policy.types import Decision, RequestView
     from store.registry import WorkerRecord
     from store.slots import Lease
@@ -78,6 +78,17 @@ class Held:
 
 
 NOT_HELD: dict[str, object] = {"held_by": None, "reroutes": 0, "worker_full": 0}
+
+
+@dataclass(slots=True)
+class SessionRef:
+    """A request's session: its id, whether it closes the session, and what routing made of it."""
+
+    id: str
+    close: bool = False
+    binding: SessionBinding | None = None  # looked up before routing
+    outcome: str = ""  # policy.session.outcome once placed
+    bound_to: str = ""  # the worker this request bound the session to (counted in flight)
 
 
 @dataclass(slots=True)

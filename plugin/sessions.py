@@ -24,14 +24,14 @@ import logging
 import re
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from plugin.errors import GatewayError
-from policy.session import SessionBinding, outcome
+from plugin.flow import SessionRef
+from policy.session import outcome
 from runtime.tasks import cancel_and_wait, spawn
 from store import sessions
 
@@ -48,17 +48,6 @@ CLOSE_HEADER = "x-kvgate-session-close"
 SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 RENEW_SHARE = 1 / 3  # renew in-flight sessions' bindings every third of the TTL
 _TRUE, _FALSE = ("true", "1"), ("false", "0")
-
-
-@dataclass(slots=True)
-class SessionRef:
-    """A request's session: its id, whether it closes the session, and what routing made of it."""
-
-    id: str
-    close: bool = False
-    binding: SessionBinding | None = None  # looked up before routing
-    outcome: str = ""  # policy.session.outcome once placed
-    bound_to: str = ""  # the worker this request bound the session to (counted in flight)
 
 
 def session_ref(headers: Mapping[str, str]) -> SessionRef | None:
