@@ -20,18 +20,17 @@ with no ids) disables the id comparison for its model; then drift is |leases - r
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import LockError, RedisError
 
 from plugin.metrics import GatewayMetrics
-from runtime.tasks import cancel_and_wait, spawn
+from runtime.tasks import Background, every
 from store import index_store, registry
 from store.registry import WorkerRecord
 from store.slots import live_leases
@@ -81,42 +80,39 @@ def persistent(previous: Drift | None, current: Drift) -> Drift:
     )
 
 
+@dataclass(eq=False)
 class Auditor:
     """Background task: periodic drift audit and expired-worker cleanup, one gateway at a time."""
 
-    def __init__(
-        self,
-        redis: aioredis.Redis,
-        metrics: GatewayMetrics,
-        *,
-        gateway_id: str,
-        models: Callable[[], Iterable[str]],
-        period_s: float = 5.0,
-        threshold: int = 1,
-        prune_grace_ms: int = 30_000,
-        lock_key: str = LOCK_KEY,
-    ) -> None:
-        self.redis = redis
-        self.metrics = metrics
-        self.gateway_id = gateway_id
-        self.models = models
-        self.period_s = period_s
-        self.threshold = threshold
-        self.prune_grace_ms = prune_grace_ms
-        self.lock_key = lock_key
-        self.last: dict[str, Drift] = {}  # model -> raw mismatch of the previous audit
-        self._task: asyncio.Task[None] | None = None
+    redis: aioredis.Redis
+    metrics: GatewayMetrics
+    _: KW_ONLY
+    gateway_id: str
+    models: Callable[[], Iterable[str]]
+    period_s: float = 5.0
+    threshold: int = 1
+    prune_grace_ms: int = 30_000
+    lock_key: str = LOCK_KEY
+    # model -> raw mismatch of the previous audit
+    last: dict[str, Drift] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._loop = Background("kvgate-audit")
         # redis-py's Lock: SET NX PX to take it, a compare-and-extend script to keep it, a
         # compare-and-delete to give it up; the token is this gateway's id (operators can read who audits)
-        self._lock = redis.lock(lock_key, timeout=max(1.0, period_s * 2), blocking=False, thread_local=False)
+        self._lock = self.redis.lock(
+            self.lock_key, timeout=max(1.0, self.period_s * 2), blocking=False, thread_local=False
+        )
         self._holding = False
 
     async def start(self) -> None:
-        self._task = spawn(self._run(), name="kvgate-audit")
+        # (a TimeoutError is an OSError)
+        self._loop.start(
+            every(self.period_s, self.audit_once, errors=(RedisError, OSError), on_error=_failed)
+        )
 
     async def close(self) -> None:
-        await cancel_and_wait(self._task)
-        self._task = None
+        await self._loop.stop()
         if self._holding:
             with contextlib.suppress(LockError, RedisError, OSError):  # another gateway takes over at once
                 await self._lock.release()
@@ -165,13 +161,9 @@ class Auditor:
                 worker_id, model, dropped,
             )  # fmt: skip
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.audit_once()
-            except (RedisError, OSError, TimeoutError) as e:
-                logger.debug("audit failed: %s", e)
-            await asyncio.sleep(self.period_s)
+
+def _failed(e: Exception) -> None:
+    logger.debug("audit failed: %s", e)
 
 
 def _some(ids: Iterable[str], limit: int = 5) -> str:

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 from plugin.metrics import GatewayMetrics
 from policy.pressure import PressureTracker
 from policy.types import Band
-from runtime.tasks import cancel_and_wait, spawn
+from runtime.tasks import Background, every
 from store.slots import SlotPool
 
 logger = logging.getLogger(__name__)
@@ -68,34 +68,31 @@ def quota_change(old: Mapping[str, str] | None, new: Mapping[str, str]) -> str |
     return ", ".join(parts)
 
 
+@dataclass(eq=False)
 class QueueSignalRefresher:
     """Background task: every `period_s`, read each model's admission state and set the gauges."""
 
-    def __init__(
-        self,
-        pool: SlotPool,
-        metrics: GatewayMetrics,
-        models: Callable[[], Iterable[str]],
-        *,
-        period_s: float = REFRESH_S,
-        pressure: PressureTracker | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.pool = pool
-        self.pressure = pressure
-        self.clock = clock
-        self.metrics = metrics
-        self.models = models
-        self.period_s = period_s
-        self.quotas: dict[str, dict[str, str]] = {}  # model -> last quota hash seen
-        self._task: asyncio.Task[None] | None = None
+    pool: SlotPool
+    metrics: GatewayMetrics
+    models: Callable[[], Iterable[str]]
+    _: KW_ONLY
+    period_s: float = REFRESH_S
+    pressure: PressureTracker | None = None
+    clock: Callable[[], float] = time.monotonic
+    # model -> last quota hash seen
+    quotas: dict[str, dict[str, str]] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._loop = Background("kvgate-queue-signal")
 
     async def start(self) -> None:
-        self._task = spawn(self._run(), name="kvgate-queue-signal")
+        # (a TimeoutError is an OSError)
+        self._loop.start(
+            every(self.period_s, self.refresh_once, errors=(RedisError, OSError), on_error=_failed)
+        )
 
     async def close(self) -> None:
-        await cancel_and_wait(self._task)
-        self._task = None
+        await self._loop.stop()
 
     async def refresh_once(self) -> dict[str, QueueSignal]:
         """Read every model's state once, set the gauges, log quota changes; returns the signals."""
@@ -118,10 +115,6 @@ class QueueSignalRefresher:
             logger.info("kvgate: admission quota of %s changed at run time: %s", model, change)
         self.quotas[model] = quota
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.refresh_once()
-            except (RedisError, OSError, TimeoutError) as e:
-                logger.debug("queue signal refresh failed: %s", e)
-            await asyncio.sleep(self.period_s)
+
+def _failed(e: Exception) -> None:
+    logger.debug("queue signal refresh failed: %s", e)

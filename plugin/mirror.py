@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from policy.worker_auth import verify_worker
-from runtime.tasks import cancel_and_wait, spawn
+from runtime.tasks import Background, cancel_and_wait, every, spawn
 from store import index_store, reconnect, registry
 from store.registry import WorkerRecord
 
@@ -72,7 +72,7 @@ class ClusterMirror:
         self._workers: dict[str, list[WorkerRecord]] = {}
         self._epochs: dict[tuple[str, str], int] = {}
         self._tails: dict[str, asyncio.Task[None]] = {}
-        self._refresher: asyncio.Task[None] | None = None
+        self._refresher = Background("kvgate-mirror-refresh")
         self.last_refresh_ok = False
         self.last_ok_ms = 0  # wall time of the last successful refresh
         self.outage_start_ms = self.recovered_ms = 0  # the last gap between successful refreshes
@@ -82,10 +82,19 @@ class ClusterMirror:
     async def start(self) -> None:
         with contextlib.suppress(RedisError, OSError):
             await self.refresh()
-        self._refresher = spawn(self._refresh_loop(), name="kvgate-mirror-refresh")
+        self._refresher.start(
+            every(
+                self.refresh_ms / 1000,
+                self.refresh,
+                errors=(RedisError, OSError),
+                on_error=self._refresh_failed,
+                wait_first=True,
+            )
+        )
 
     async def close(self) -> None:
-        await cancel_and_wait(self._refresher, *self._tails.values())
+        await self._refresher.stop()
+        await cancel_and_wait(*self._tails.values())
         self._tails.clear()
 
     # -- reads (hot path: no I/O) --------------------------------------------------------------------
@@ -195,15 +204,10 @@ class ClusterMirror:
             if self.on_worker_reset:
                 self.on_worker_reset(*key)
 
-    async def _refresh_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.refresh_ms / 1000)
-            try:
-                await self.refresh()
-            except (RedisError, OSError) as e:
-                if self.last_refresh_ok:
-                    logger.warning("worker registry refresh failed: %s", e)
-                self.last_refresh_ok = False
+    def _refresh_failed(self, e: Exception) -> None:
+        if self.last_refresh_ok:
+            logger.warning("worker registry refresh failed: %s", e)
+        self.last_refresh_ok = False
 
     async def _tail_loop(self, model: str) -> None:
         cursor: str | None = None

@@ -12,7 +12,7 @@ import logging
 
 from redis.exceptions import RedisError
 
-from runtime.tasks import cancel_and_wait, spawn
+from runtime.tasks import Background, spawn
 from store.slots import Lease, SlotPool
 
 logger = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ class Releaser:
         self.released = 0  # leases handed to `release()` (queued; see the pool for what reached Redis)
         self._queued: list[Lease] = []
         self._wake = asyncio.Event()
-        self._loop: asyncio.Task[None] | None = None
+        self._loop = Background("kvgate-release")
 
     def release(self, lease: Lease) -> None:
         """Give `lease` back soon (in the next batch)."""
@@ -34,16 +34,15 @@ class Releaser:
         if not self._queued:
             self._wake.set()
         self._queued.append(lease)
-        if self._loop is None:  # no release loop (not started, or stopping): send it now
+        if not self._loop.running:  # no release loop (not started, or stopping): send it now
             spawn(self.send_queued(), name="kvgate-release-late")
 
     async def start(self) -> None:
-        self._loop = spawn(self._run(), name="kvgate-release")
+        self._loop.start(self._run())
 
     async def close(self) -> None:
         """Stop the loop and send what the flows gave back last."""
-        await cancel_and_wait(self._loop)
-        self._loop = None
+        await self._loop.stop()
         await self.send_queued()
 
     async def _run(self) -> None:

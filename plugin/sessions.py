@@ -32,7 +32,7 @@ from redis.exceptions import RedisError
 from plugin.errors import GatewayError
 from plugin.flow import SessionRef
 from policy.session import outcome
-from runtime.tasks import cancel_and_wait, spawn
+from runtime.tasks import Background
 from store import sessions
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class SessionAffinity:
         self.active: dict[tuple[str, str], int] = {}  # (model, session id) -> its requests in flight here
         self._ops: deque[tuple[str, str, str, str, int]] = deque()  # (op, model, id, worker, tokens)
         self._wake = asyncio.Event()
-        self._loop: asyncio.Task[None] | None = None
+        self._loop = Background("kvgate-sessions")
         self.written = 0  # writes that reached Redis (binds, closes, renewals)
 
     async def lookup(self, model: str, ref: SessionRef) -> None:
@@ -130,11 +130,10 @@ class SessionAffinity:
     # -- the writer ----------------------------------------------------------------------------------
     async def start(self) -> None:
         if self.redis is not None:
-            self._loop = spawn(self._run(), name="kvgate-sessions")
+            self._loop.start(self._run())
 
     async def close(self) -> None:
-        await cancel_and_wait(self._loop)
-        self._loop = None
+        await self._loop.stop()
         await self.flush()
 
     async def _run(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
@@ -45,6 +45,48 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any] | None) -> None:
         task.cancel()
     if live:
         await asyncio.gather(*live, return_exceptions=True)
+
+
+class Background:
+    """An owner's one background task: `start(coro)` runs it, `stop()` cancels it and waits.
+
+    `running` holds from `start()` until `stop()` has finished, also if the task ended early.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None
+
+    def start(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._task = spawn(coro, name=self.name)
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+        self._task = None
+
+
+async def every(
+    period_s: float,
+    step: Callable[[], Awaitable[object]],
+    *,
+    errors: tuple[type[Exception], ...],
+    on_error: Callable[[Exception], None],
+    wait_first: bool = False,
+) -> None:
+    """Await `step()` every `period_s` seconds until cancelled (the first after one period with
+    `wait_first`); an exception of `errors` goes to `on_error` and the loop carries on."""
+    if wait_first:
+        await asyncio.sleep(period_s)
+    while True:
+        try:
+            await step()
+        except errors as e:
+            on_error(e)
+        await asyncio.sleep(period_s)
 
 
 def _finished(task: asyncio.Task[Any]) -> None:
