@@ -25,9 +25,19 @@ class ConfigError(ValueError):
         self.reason = reason
 
 
-def _check_range(path: str, value: float, lo: float, hi: float) -> None:
-    if not lo <= value <= hi:
-        raise ConfigError(path, value, f"must be between {lo} and {hi}")
+def _within(lo: float, hi: float, default: float, help: str = "") -> Any:
+    """A float field whose value must lie in [lo, hi] (checked by `_check_ranges`)."""
+    return field(default=default, metadata={"range": (lo, hi), **({"help": help} if help else {})})
+
+
+def _check_ranges(config: Any) -> None:
+    """Every `_within` field of `config` in its range, in declaration order (the first out is the error)."""
+    for f in dataclasses.fields(config):
+        if "range" in f.metadata:
+            lo, hi = f.metadata["range"]
+            value = getattr(config, f.name)
+            if not lo <= value <= hi:
+                raise ConfigError(f.name, value, f"must be between {lo} and {hi}")
 
 
 @dataclass(frozen=True)
@@ -36,60 +46,49 @@ class TtftModelConfig:
 
     # defaults: Llama-3.1-8B on one H100 (bench/sim/profiles/h100-llama3.1-8b.toml: 22.4 µs/token linear,
     # 1.06e-6 ms per new×context token of attention, ~7 ms per engine step)
-    prefill_tokens_per_s: float = field(default=44_600.0, metadata={"help": "uncached prompt tokens/s"})
-    attention_s_per_token_ctx: float = field(
-        default=1.06e-9, metadata={"help": "attention time per (new token × context token), seconds"}
+    prefill_tokens_per_s: float = _within(1.0, 1e8, 44_600.0, "uncached prompt tokens/s")
+    attention_s_per_token_ctx: float = _within(
+        0.0, 1e-3, 1.06e-9, "attention time per (new token × context token), seconds"
     )
-    decode_slowdown: float = field(
-        default=0.005, metadata={"help": "prefill slowdown per in-flight request (decodes share steps)"}
+    decode_slowdown: float = _within(
+        0.0, 1.0, 0.005, "prefill slowdown per in-flight request (decodes share steps)"
     )
-    overhead_s: float = field(default=0.01, metadata={"help": "fixed per-request time (first step)"})
-    miss_weight: float = field(
-        default=1.0,
-        metadata={"help": "extra weight of this request's uncached prefill (work others wait for)"},
+    overhead_s: float = _within(0.0, 60.0, 0.01, "fixed per-request time (first step)")
+    miss_weight: float = _within(
+        0.0, 100.0, 1.0, "extra weight of this request's uncached prefill (work others wait for)"
     )
 
     def __post_init__(self) -> None:
-        _check_range("prefill_tokens_per_s", self.prefill_tokens_per_s, 1.0, 1e8)
-        _check_range("attention_s_per_token_ctx", self.attention_s_per_token_ctx, 0.0, 1e-3)
-        _check_range("decode_slowdown", self.decode_slowdown, 0.0, 1.0)
-        _check_range("overhead_s", self.overhead_s, 0.0, 60.0)
-        _check_range("miss_weight", self.miss_weight, 0.0, 100.0)
+        _check_ranges(self)
 
 
 @dataclass(frozen=True)
 class StickyConfig:
     """A prefix stays on its worker for `window_s` after it landed there, unless that worker is overloaded."""
 
-    window_s: float = field(default=30.0, metadata={"help": "hold time; 0 = off, article: 10–60"})
-    overload_ttft_s: float = field(
-        default=1.0, metadata={"help": "the sticky worker is overloaded above this predicted TTFT"}
+    window_s: float = _within(0.0, 3600.0, 30.0, "hold time; 0 = off, article: 10–60")
+    overload_ttft_s: float = _within(
+        0.0, 3600.0, 1.0, "the sticky worker is overloaded above this predicted TTFT"
     )
-    overload_ratio: float = field(
-        default=2.0, metadata={"help": "... and above this multiple of the best candidate's predicted TTFT"}
+    overload_ratio: float = _within(
+        1.0, 100.0, 2.0, "... and above this multiple of the best candidate's predicted TTFT"
     )
-    bonus: float = field(
-        default=0.0, metadata={"help": "cost discount (0–0.95) for the prefix's last worker, any age"}
-    )
+    bonus: float = _within(0.0, 0.95, 0.0, "cost discount (0–0.95) for the prefix's last worker, any age")
     hot_bonus: bool = field(default=False, metadata={"help": "apply the bonus to hot prefixes too"})
 
     def __post_init__(self) -> None:
-        _check_range("window_s", self.window_s, 0.0, 3600.0)
-        _check_range("overload_ttft_s", self.overload_ttft_s, 0.0, 3600.0)
-        _check_range("overload_ratio", self.overload_ratio, 1.0, 100.0)
-        _check_range("bonus", self.bonus, 0.0, 0.95)
+        _check_ranges(self)
 
 
 @dataclass(frozen=True)
 class ColdStartConfig:
     """A worker younger than `period_s` gets its cost multiplied by (1 - discount × remaining share)."""
 
-    period_s: float = field(default=60.0, metadata={"help": "exploration period after joining; 0 = off"})
-    discount: float = field(default=0.3, metadata={"help": "cost discount at join time, fading to 0"})
+    period_s: float = _within(0.0, 86_400.0, 60.0, "exploration period after joining; 0 = off")
+    discount: float = _within(0.0, 0.95, 0.3, "cost discount at join time, fading to 0")
 
     def __post_init__(self) -> None:
-        _check_range("period_s", self.period_s, 0.0, 86_400.0)
-        _check_range("discount", self.discount, 0.0, 0.95)
+        _check_ranges(self)
 
 
 @dataclass(frozen=True)
@@ -97,14 +96,10 @@ class ReplicaConfig:
     """At most `cap` workers hold a prefix; more only if it is hot and all its holders are overloaded."""
 
     cap: int = field(default=3, metadata={"help": "holders of one prefix before new replicas need a reason"})
-    hot_rate_per_s: float = field(default=0.3, metadata={"help": "a prefix is hot at this request rate"})
-    overload_ttft_s: float = field(
-        default=1.0,
-        metadata={"help": "holders are overloaded above this predicted TTFT"},
-    )
-    overload_load_ratio: float = field(
-        default=1.25,
-        metadata={"help": "... or when the least-loaded holder has > this × a non-holder's in-flight + 1"},
+    hot_rate_per_s: float = _within(0.0, 1e6, 0.3, "a prefix is hot at this request rate")
+    overload_ttft_s: float = _within(0.0, 3600.0, 1.0, "holders are overloaded above this predicted TTFT")
+    overload_load_ratio: float = _within(
+        1.0, 100.0, 1.25, "... or when the least-loaded holder has > this × a non-holder's in-flight + 1"
     )
     proactive: bool = field(
         default=True, metadata={"help": "a hot prefix below the cap replicates onto the least-cost worker"}
@@ -113,42 +108,35 @@ class ReplicaConfig:
     def __post_init__(self) -> None:
         if isinstance(self.cap, bool) or not isinstance(self.cap, int) or self.cap < 1:
             raise ConfigError("cap", self.cap, "must be an integer >= 1")
-        _check_range("hot_rate_per_s", self.hot_rate_per_s, 0.0, 1e6)
-        _check_range("overload_ttft_s", self.overload_ttft_s, 0.0, 3600.0)
-        _check_range("overload_load_ratio", self.overload_load_ratio, 1.0, 100.0)
+        _check_ranges(self)
 
 
 @dataclass(frozen=True)
 class SessionConfig:
     """Explicit session affinity (policy/session.py): a client's session id as a soft preference."""
 
-    weight: float = field(
-        default=1.0,
-        metadata={"help": "share (0–1) of the session worker's believed cache credited to its cost; 0 = off"},
+    weight: float = _within(
+        0.0, 1.0, 1.0, "share (0–1) of the session worker's believed cache credited to its cost; 0 = off"
     )
-    ttl_s: float = field(
-        default=600.0, metadata={"help": "an idle session's binding expires after this many seconds"}
-    )
+    ttl_s: float = _within(1.0, 86_400.0, 600.0, "an idle session's binding expires after this many seconds")
 
     def __post_init__(self) -> None:
-        _check_range("weight", self.weight, 0.0, 1.0)
-        _check_range("ttl_s", self.ttl_s, 1.0, 86_400.0)
+        _check_ranges(self)
 
 
 @dataclass(frozen=True)
 class ArticleConfig:
     """The article's score (seed §2.3): W_LOAD·load + W_CACHE·(1 − hit/len) + W_STABLE·stable, lowest wins."""
 
-    w_load: float = 1.2
-    w_cache: float = 0.7
-    w_stable: float = 0.3
+    w_load: float = _within(0.0, 100.0, 1.2)
+    w_cache: float = _within(0.0, 100.0, 0.7)
+    w_stable: float = _within(0.0, 100.0, 0.3)
     load_saturate_inflight: int = field(
         default=32, metadata={"help": "in-flight requests at which normalized load reaches 1"}
     )
 
     def __post_init__(self) -> None:
-        for name in ("w_load", "w_cache", "w_stable"):
-            _check_range(name, getattr(self, name), 0.0, 100.0)
+        _check_ranges(self)
         if self.load_saturate_inflight < 1:
             raise ConfigError("load_saturate_inflight", self.load_saturate_inflight, "must be >= 1")
 
@@ -158,10 +146,10 @@ class RoutingConfig:
     """Everything routing needs; `policy` selects kvgate's default or the article's formula."""
 
     policy: str = "kvgate"
-    min_cache_gain: float = field(
-        default=0.3, metadata={"help": "cache hits below this share of the prompt are ignored (0–1)"}
+    min_cache_gain: float = _within(
+        0.0, 1.0, 0.3, "cache hits below this share of the prompt are ignored (0–1)"
     )
-    rate_half_life_s: float = field(default=30.0, metadata={"help": "EWMA half-life of prefix request rates"})
+    rate_half_life_s: float = _within(0.001, 86_400.0, 30.0, "EWMA half-life of prefix request rates")
     stats_max_entries: int = field(default=1_000_000, metadata={"help": "prefix stats kept (LRU)"})
     ttft: TtftModelConfig = field(default_factory=TtftModelConfig)
     sticky: StickyConfig = field(default_factory=StickyConfig)
@@ -173,8 +161,7 @@ class RoutingConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError("policy", self.policy, f"must be one of {', '.join(POLICIES)}")
-        _check_range("min_cache_gain", self.min_cache_gain, 0.0, 1.0)
-        _check_range("rate_half_life_s", self.rate_half_life_s, 0.001, 86_400.0)
+        _check_ranges(self)
         if self.stats_max_entries < 1:
             raise ConfigError("stats_max_entries", self.stats_max_entries, "must be >= 1")
 
