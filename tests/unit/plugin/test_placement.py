@@ -1,7 +1,9 @@
-"""Two-step admission through the addon's request hook (plugin/admit.py, plugin/placement.py).
+"""Two-step admission (plugin/admit.py, plugin/placement.py) on the request-path parts alone.
 
-Real Redis and the real slot pool; the workers are registry entries with `max_concurrency = 1` and
-round-robin routing (w0 first), so which worker is chosen is known. "Another gateway" is a second
+Real Redis and the real slot pool, with only the parts a request passes through before it reaches a
+worker (Intake, Admission, Dispatch; Release to give a lease back) over a `GatewayContext`
+(tests/unit/plugin/parts.py), no addon. The workers are registry entries with `max_concurrency = 1`
+and round-robin routing (w0 first), so which worker is chosen is known. "Another gateway" is a second
 SlotPool on the same Redis that fills a worker without this gateway knowing (its in-flight view is
 its own), which is exactly the case step two exists for.
 """
@@ -10,39 +12,81 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from pathlib import Path
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 from mitmproxy import http
 from mitmproxy.test import tutils
 
-from plugin.addon import KvGate
+from plugin.admit import Admission
+from plugin.context import GatewayContext
+from plugin.dispatch import Dispatch
 from plugin.flow import state_of
+from plugin.intake import Intake
 from plugin.mirror import wall_ms
 from plugin.quotas import write_quota
+from plugin.release import Release
 from policy.admission import Quota
 from policy.types import Band
 from store import registry
 from store.registry import WorkerRecord
 from store.slots import Lease, SlotPool, Ticket
 from tests.polling import until
-from tests.unit.plugin.test_addon import MODEL, error_of, request_flow, running_gate
+from tests.unit.plugin.parts import gateway_context
+from tests.unit.plugin.test_addon import MODEL, error_of, request_flow
 
 
-async def write_setup(redis: aioredis.Redis, tmp_path: Path, mode: str) -> Path:
-    """Two workers of capacity 1, a quota with room for 10, round-robin routing; the config path."""
-    config = tmp_path / "kvgate.toml"
-    config.write_text(
-        f'[models."{MODEL}"]\ntotal = 10\non_worker_full = "{mode}"\n[routing]\npolicy = "round_robin"\n'
-        "[decision_log]\nredis_stream = false\n[admission]\naudit_every_ms = 0\n"
-    )
+class Gate:
+    """The parts in the addon's order, over one context: `request` as the request hook runs them."""
+
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx, self.metrics, self.pool, self.router = ctx, ctx.metrics, ctx.pool, ctx.router
+        self.process, self.config = ctx.process, ctx.config
+        dispatch = Dispatch(
+            collect_usage=ctx.config.streaming.collect_usage, metrics=ctx.metrics,
+            upstream_key=ctx.config.gateway.upstream_key,
+        )  # fmt: skip
+        self.parts = (Intake(ctx), Admission(ctx), dispatch)
+        self.release = Release(ctx)
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        for part in self.parts:
+            await part.request(flow)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self.release.response(flow)
+
+    def client_disconnected(self, flow: http.HTTPFlow) -> None:
+        self.process.client_left(flow.client_conn.id)  # as the addon's client_disconnected hook
+
+    @property
+    def releases(self) -> int:
+        return self.ctx.releaser.released
+
+
+async def setup(redis: aioredis.Redis, mode: str, **model: Any) -> dict[str, Any]:
+    """Two workers of capacity 1, a quota with room for 10, round-robin routing; the config dict."""
     now = wall_ms()
     for i in range(2):
         record = WorkerRecord(id=f"w{i}", model=MODEL, url=f"http://10.1.2.{i}:8000", max_concurrency=1)
         await registry.register(redis, record, 60_000, now)
     await write_quota(redis, MODEL, Quota(total=10, count_seats=False))
-    return config
+    return {
+        "models": {MODEL: {"total": 10, "on_worker_full": mode, **model}},
+        "routing": {"policy": "round_robin"},
+        "decision_log": {"redis_stream": False},
+        "admission": {"audit_every_ms": 0},
+    }
+
+
+@asynccontextmanager
+async def running_parts(redis: aioredis.Redis, config: dict[str, Any]) -> AsyncIterator[Gate]:
+    async with gateway_context(redis, config) as ctx:
+        assert ctx.workers.mirror is not None
+        await ctx.workers.mirror.refresh()
+        yield Gate(ctx)
 
 
 @pytest.fixture
@@ -60,18 +104,16 @@ async def fill(pool: SlotPool, worker: str, n: int = 1) -> list[Lease]:
 
 
 @pytest.fixture(params=["reroute", "wait"])
-async def gate(request: pytest.FixtureRequest, redis: aioredis.Redis, redis_url: str,
-               tmp_path: Path) -> AsyncIterator[KvGate]:  # fmt: skip
-    config = await write_setup(redis, tmp_path, request.param)
-    async with running_gate(config, redis_url) as addon:
-        yield addon
+async def gate(request: pytest.FixtureRequest, redis: aioredis.Redis) -> AsyncIterator[Gate]:
+    async with running_parts(redis, await setup(redis, request.param)) as parts:
+        yield parts
 
 
-def full_events(gate: KvGate) -> float:
+def full_events(gate: Gate) -> float:
     return sum(gate.metrics.worker_full.get(MODEL, w) for w in ("w0", "w1"))
 
 
-def mode(gate: KvGate) -> str:
+def mode(gate: Gate) -> str:
     return gate.config.models[MODEL].on_worker_full
 
 
@@ -81,7 +123,7 @@ def held(flow: http.HTTPFlow) -> dict[str, object]:
     return state.held.record() if state.held is not None else {}
 
 
-async def test_worker_with_room_is_placed_in_one_step(gate: KvGate) -> None:
+async def test_worker_with_room_is_placed_in_one_step(gate: Gate) -> None:
     flow = request_flow()
     await gate.request(flow)
     state = state_of(flow)
@@ -91,7 +133,7 @@ async def test_worker_with_room_is_placed_in_one_step(gate: KvGate) -> None:
     assert gate.metrics.worker_full.get(MODEL, "w0") == 0
 
 
-async def test_full_worker_reroutes_or_waits_for_it(gate: KvGate, other: SlotPool) -> None:
+async def test_full_worker_reroutes_or_waits_for_it(gate: Gate, other: SlotPool) -> None:
     (blocker,) = await fill(other, "w0")
     flow = request_flow()
     task = asyncio.ensure_future(gate.request(flow))
@@ -115,7 +157,7 @@ async def test_full_worker_reroutes_or_waits_for_it(gate: KvGate, other: SlotPoo
     assert flow.request.host == f"10.1.2.{worker[1]}"
 
 
-async def test_every_worker_full_waits_for_the_first_that_frees(gate: KvGate, other: SlotPool) -> None:
+async def test_every_worker_full_waits_for_the_first_that_frees(gate: Gate, other: SlotPool) -> None:
     leases = {w: (await fill(other, w))[0] for w in ("w0", "w1")}
     flow = request_flow()
     task = asyncio.ensure_future(gate.request(flow))
@@ -130,13 +172,13 @@ async def test_every_worker_full_waits_for_the_first_that_frees(gate: KvGate, ot
     assert held(flow)["held_by"] == "worker"
 
 
-async def test_disconnect_while_waiting_for_a_worker_frees_the_seat(gate: KvGate, other: SlotPool) -> None:
+async def test_disconnect_while_waiting_for_a_worker_frees_the_seat(gate: Gate, other: SlotPool) -> None:
     await fill(other, "w0")
     await fill(other, "w1")
     flow = request_flow()
     task = asyncio.ensure_future(gate.request(flow))
     await until(lambda: gate.pool.held() == 1, "a seat held while waiting for a worker")
-    gate.client_disconnected(flow.client_conn)
+    gate.client_disconnected(flow)
     await asyncio.wait_for(task, 5)
     assert flow.error is not None and flow.response is None  # killed: never reaches a worker
     assert state_of(flow).route is None  # type: ignore[union-attr]
@@ -147,7 +189,7 @@ async def test_disconnect_while_waiting_for_a_worker_frees_the_seat(gate: KvGate
     assert snap["used"]["total"] == 2  # only the other gateway's two requests
 
 
-async def test_no_wait_budget_and_every_worker_full_is_rejected(gate: KvGate, other: SlotPool) -> None:
+async def test_no_wait_budget_and_every_worker_full_is_rejected(gate: Gate, other: SlotPool) -> None:
     await fill(other, "w0")
     await fill(other, "w1")
     flow = request_flow(headers={"x-kvgate-max-wait-ms": "0"})
@@ -157,7 +199,7 @@ async def test_no_wait_budget_and_every_worker_full_is_rejected(gate: KvGate, ot
     assert sum(gate.router.model(MODEL).inflight.values()) == 0
 
 
-async def test_release_of_a_placed_lease_frees_its_worker(gate: KvGate) -> None:
+async def test_release_of_a_placed_lease_frees_its_worker(gate: Gate) -> None:
     first = request_flow()
     await gate.request(first)  # w0
     second = request_flow()
@@ -172,7 +214,7 @@ async def test_release_of_a_placed_lease_frees_its_worker(gate: KvGate) -> None:
     assert state is not None and state.lease is not None and state.lease.worker == "w0"
 
 
-async def test_queued_for_a_seat_then_routed_again_and_placed(gate: KvGate, other: SlotPool) -> None:
+async def test_queued_for_a_seat_then_routed_again_and_placed(gate: Gate, other: SlotPool) -> None:
     # the quota (10) is full: 9 requests of another gateway nowhere in particular, one on w1
     loose = [await other.acquire(Ticket(f"loose-{i}", MODEL, Band.NORMAL, "t")) for i in range(9)]
     (on_w1,) = await fill(other, "w1")
@@ -198,19 +240,14 @@ async def test_queued_for_a_seat_then_routed_again_and_placed(gate: KvGate, othe
 
 
 async def test_reroute_finds_a_free_worker_beyond_its_attempts_without_waiting(
-    redis: aioredis.Redis, redis_url: str, tmp_path: Path, other: SlotPool, monkeypatch: pytest.MonkeyPatch
+    redis: aioredis.Redis, other: SlotPool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import plugin.placement
 
-    config = await write_setup(redis, tmp_path, "reroute")
-    config.write_text(
-        config.read_text().replace(
-            'on_worker_full = "reroute"', 'on_worker_full = "reroute"\nreroute_attempts = 0'
-        )
-    )
+    config = await setup(redis, "reroute", reroute_attempts=0)
     monkeypatch.setattr(plugin.placement, "WORKER_RECHECK_S", 60.0)  # no periodic re-check to rescue it
     (blocker,) = await fill(other, "w0")
-    async with running_gate(config, redis_url) as addon:
+    async with running_parts(redis, config) as addon:
         flow = request_flow()
         # w0 (the first choice) is full and no attempt is left: the request takes a seat to wait
         # with, and then tries the workers not found full before waiting for any sign of room
