@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from agent.config import AgentConfig
 from agent.kv_consumer import KvEventConsumer, KvEventStats
@@ -27,6 +28,7 @@ from agent.lease import LeaseKeeper, Probe
 from agent.probe import WorkerProbe
 from agent.scrape import WorkerLoad
 from policy.worker_auth import secret_from_env
+from runtime.exposition import text_of
 from runtime.tasks import cancel_and_wait, spawn
 from store import index_store, registry
 from store.connect import redis_from_url
@@ -272,12 +274,13 @@ class WorkerAgent:
             ("kv_unknown_parent_blocks_total", "counter", unknown_parents,
              "Stored blocks skipped: their parent was stored before the agent subscribed."),
         ]  # fmt: skip
-        labels = f'{{worker="{self.config.id}"}}'
-        lines = []
+        families = []
         for name, kind, value, help_text in rows:
-            full = f"kvgate_agent_{name}"
-            lines += [f"# HELP {full} {help_text}", f"# TYPE {full} {kind}", f"{full}{labels} {value}"]
-        return "\n".join(lines) + "\n"
+            family_of = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            family = family_of(f"kvgate_agent_{name}", help_text, labels=["worker"])
+            family.add_metric([self.config.id], value)
+            families.append(family)
+        return text_of(families)
 
 
 CONFIG = web.AppKey("config", AgentConfig)

@@ -12,10 +12,15 @@ Own metrics: `kvgate_emulator_max_concurrent_requests` (the most requests ever h
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping, Sequence
+import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+
+from runtime.exposition import text_of
 
 # vLLM's buckets (seconds)
 TTFT_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0)
@@ -75,33 +80,16 @@ class EngineSnapshot:
     num_gpu_blocks: int
 
 
-def _labels(labels: Mapping[str, object]) -> str:
-    inner = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
-    return "{" + inner + "}"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _family(name: str, kind: str, help_text: str, samples: Iterable[str]) -> list[str]:
-    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
-
-
-def _histogram(name: str, help_text: str, hist: Histogram, labels: Mapping[str, str]) -> list[str]:
-    lines = []
-    cumulative = 0
-    for upper, n in zip((*hist.buckets, float("inf")), hist.counts, strict=True):
-        cumulative += n
-        le = "+Inf" if upper == float("inf") else repr(upper)
-        lines.append(f"{name}_bucket{_labels({**labels, 'le': le})} {float(cumulative)}")
-    lines.append(f"{name}_count{_labels(labels)} {float(hist.count)}")
-    lines.append(f"{name}_sum{_labels(labels)} {hist.total}")
-    return _family(name, "histogram", help_text, lines)
+def _histogram(name: str, help_text: str, hist: Histogram, labels: Mapping[str, str]) -> Metric:
+    family = HistogramMetricFamily(name, help_text, labels=list(labels))
+    cumulative = list(itertools.accumulate(hist.counts))
+    uppers = [repr(upper) for upper in hist.buckets] + ["+Inf"]
+    family.add_metric(list(labels.values()), list(zip(uppers, cumulative, strict=True)), hist.total)
+    return family
 
 
 def render(model_name: str, requests: RequestMetrics, engine: EngineSnapshot) -> str:
-    """The /metrics body (Prometheus text format 0.0.4)."""
+    """The /metrics body (Prometheus text format 0.0.4, written by prometheus-client as vLLM's is)."""
     lab = {"model_name": model_name, "engine": "0"}
     config = {
         "block_size": engine.block_size,
@@ -165,22 +153,33 @@ def render(model_name: str, requests: RequestMetrics, engine: EngineSnapshot) ->
             requests.requests_total,
         ),
     ]
-    lines = _family(
-        "vllm:cache_config_info",
-        "gauge",
-        "Information of the LLMEngine CacheConfig",
-        [f"vllm:cache_config_info{_labels(config)} 1.0"],
+    info = GaugeMetricFamily(
+        "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=list(config)
     )
+    info.add_metric([str(v) for v in config.values()], 1.0)
+    families: list[Metric] = [info]
     for name, kind, help_text, value in simple:
-        sample = f"{name}_total" if kind == "counter" else name
-        lines += _family(name, kind, help_text, [f"{sample}{_labels(lab)} {float(value)}"])
-    lines += _histogram(
-        "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", requests.ttft, lab
+        family_of = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+        family = family_of(name, help_text, labels=list(lab))
+        family.add_metric(list(lab.values()), float(value))
+        families.append(family)
+    families.append(
+        _histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            requests.ttft,
+            lab,
+        )
     )
-    lines += _histogram(
-        "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", requests.e2e, lab
+    families.append(
+        _histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            requests.e2e,
+            lab,
+        )
     )
-    return "\n".join(lines) + "\n"
+    return text_of(families)
 
 
 # --- parsing (tests, and anything that wants to read a scrape without prometheus_client) ---
