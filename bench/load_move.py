@@ -42,7 +42,7 @@ def burst(text: str, n: int, max_tokens: int) -> list[LiveRequest]:
                     {"role": "user", "content": f"{text} {i}"},
                 ],
             },
-        )  # fmt: skip
+        )
         for i in range(n)
     ]
 
