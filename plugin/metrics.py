@@ -28,9 +28,14 @@ class _Family:
     """One prometheus-client metric and its children by label values."""
 
     kind = ""
+    factory: Any = None  # the prometheus-client class
 
-    def __init__(self, metric: Any, name: str, labels: tuple[str, ...]) -> None:
-        self.metric, self.name, self.label_names = metric, name, labels
+    def __init__(
+        self, registry: CollectorRegistry, name: str, help_text: str, labels: tuple[str, ...] = (),
+        **options: Any,
+    ) -> None:  # fmt: skip
+        self.metric = self.factory(name, help_text, labels, registry=registry, **options)
+        self.name, self.label_names = name, labels
         self.children: dict[LabelValues, Any] = {}
 
     def child(self, labels: LabelValues) -> Any:
@@ -55,13 +60,7 @@ class _Family:
 
 
 class Counter(_Family):
-    kind = "counter"
-
-    def __init__(
-        self, registry: CollectorRegistry, name: str, help_text: str, labels: tuple[str, ...] = ()
-    ) -> None:
-        metric = prometheus_client.Counter(name, help_text, labels, registry=registry)
-        super().__init__(metric, name, labels)
+    kind, factory = "counter", prometheus_client.Counter
 
     def inc(self, *labels: str, by: float = 1.0) -> None:
         self.child(labels).inc(by)
@@ -71,13 +70,7 @@ class Counter(_Family):
 
 
 class Gauge(_Family):
-    kind = "gauge"
-
-    def __init__(
-        self, registry: CollectorRegistry, name: str, help_text: str, labels: tuple[str, ...] = ()
-    ) -> None:
-        metric = prometheus_client.Gauge(name, help_text, labels, registry=registry)
-        super().__init__(metric, name, labels)
+    kind, factory = "gauge", prometheus_client.Gauge
 
     def set(self, value: float, *labels: str) -> None:
         self.child(labels).set(value)
@@ -91,14 +84,7 @@ class Gauge(_Family):
 
 
 class Histogram(_Family):
-    kind = "histogram"
-
-    def __init__(
-        self, registry: CollectorRegistry, name: str, help_text: str, labels: tuple[str, ...],
-        buckets: tuple[float, ...],
-    ) -> None:  # fmt: skip
-        metric = prometheus_client.Histogram(name, help_text, labels, registry=registry, buckets=buckets)
-        super().__init__(metric, name, labels)
+    kind, factory = "histogram", prometheus_client.Histogram  # options: buckets=
 
     def observe(self, value: float, *labels: str) -> None:
         self.child(labels).observe(value)
@@ -108,9 +94,9 @@ class Histogram(_Family):
 
 
 class HotPathCpu:
-    """Per-stage CPU of the hot path (plugin/stages.py), exported as a summary without quantiles:
-    `_sum` (seconds) and `_count` (stage runs) per model, stage and arm. The hot path adds plain integers
-    (no lock, no prometheus-client call); the scrape reads them (a copy: the loop may add meanwhile)."""
+    """Per-stage CPU of the hot path (the parts time their stages into FlowState.stage_ns), exported as
+    a summary without quantiles: `_sum` (seconds) and `_count` (stage runs) per model, stage and arm.
+    The hot path adds plain integers (no lock, no prometheus-client call); the scrape reads a copy."""
 
     kind = "summary"
     name = "kvgate_hot_path_cpu_seconds"
@@ -290,7 +276,7 @@ class GatewayMetrics:
             elif kind == "gauge":
                 family = Gauge(r, name, help_text, names)
             else:
-                family = Histogram(r, name, help_text, names, HISTOGRAM_BUCKETS[kind])
+                family = Histogram(r, name, help_text, names, buckets=HISTOGRAM_BUCKETS[kind])
             setattr(self, attr, family)
         self.hot_path_cpu = HotPathCpu(r)
 
