@@ -71,6 +71,7 @@ def routed(selector: str = "") -> str:
 
 # a worker with routed traffic but no hit yet shows 0, not a gap
 HITS = routed('kind="hit"')
+ROUTED_BY_ARM = f"sum by (arm) (rate(kvgate_routing_decisions_total{{{M}}}{RATE}))"
 
 ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
     ("Core views", (
@@ -144,6 +145,30 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
             "Routing decisions per second, by worker.",
             (Query(routed(), "{{worker}}"),),
             unit="reqps", width=8,
+        ),
+        PanelSpec(
+            "Routing reasons",
+            "Why the policy chose its worker (policy.types.ReasonKind): cache_hit, load, stickiness, "
+            "exploration, replica_cap, session, fallback; and which index matched.",
+            (Query(f"sum by (reason, index) (rate(kvgate_routing_reasons_total{{{M}}}{RATE}))",
+                   "{{reason}} ({{index}})"),),
+            unit="reqps", width=8,
+        ),
+        PanelSpec(
+            "Prefix switches by arm",
+            "Share of routed requests sent to another worker than their prefix's previous request "
+            "(a switch costs that prefix's recompute there), per A/B arm.",
+            (Query(f"(sum by (arm) (rate(kvgate_prefix_switches_total{{{M}}}{RATE})) or {ROUTED_BY_ARM} * 0)"
+                   f" / {ROUTED_BY_ARM}", "{{arm}}"),),
+            unit="percentunit", width=8,
+        ),
+        PanelSpec(
+            "Hot-path CPU per stage",
+            "Mean CPU per run of each gateway stage (parse, hash, route, admit, release) on the event "
+            "loop: where a saturated gateway spends its time.",
+            (Query(f"sum by (stage) (rate(kvgate_hot_path_cpu_seconds_sum{{{M}}}{RATE})) / "
+                   f"sum by (stage) (rate(kvgate_hot_path_cpu_seconds_count{{{M}}}{RATE}))", "{{stage}}"),),
+            unit="s", width=8,
         ),
     )),
     ("Admission", (

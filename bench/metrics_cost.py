@@ -17,8 +17,10 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200_000)
     n = parser.parse_args().calls
     m = GatewayMetrics()
-    inc = timeit.timeit(lambda: m.requests.inc("m", "normal", "200"), number=n) / n * 1e6
-    observe = timeit.timeit(lambda: m.admission_wait.observe(0.03, "m", "normal"), number=n) / n * 1e6
+    inc = timeit.timeit(lambda: m.requests.inc("m", "normal", "200", "default"), number=n) / n * 1e6
+    observe = (
+        timeit.timeit(lambda: m.admission_wait.observe(0.03, "m", "normal", "default"), number=n) / n * 1e6
+    )
     print(f"counter inc {inc:.3f} µs, histogram observe {observe:.3f} µs ({n} calls each)")
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection
+from time import perf_counter_ns
 
 from mitmproxy import http
 
@@ -41,6 +42,7 @@ class Admission:
             return
         state, parsed, caller = found.state, found.parsed, found.caller
         ctx, process = self.ctx, self.ctx.process
+        cpu_started = perf_counter_ns()  # the admit stage: this hook's own code before the placement
         ticket = Ticket(
             request_id=state.request_id,
             model=parsed.model,
@@ -53,7 +55,7 @@ class Admission:
         started = now_s()
         shed_after_s = ctx.config.admission.shed_low_after_ms / 1000
         if ctx.pressure.sheds(parsed.model, caller.band, started, shed_after_s):
-            ctx.metrics.rejected.inc(parsed.model, "shed")
+            ctx.metrics.rejected.inc(parsed.model, "shed", state.arm)
             state.refused = ("shed", "shed", "low-priority traffic shed under sustained pressure")
             flow.response = shed_response(ctx.pressure.pressure_s(parsed.model, started))
             return
@@ -62,7 +64,9 @@ class Admission:
             _kill(flow)
             return
         if state.session is not None:  # its binding, for the routing choice (policy/session.py)
+            so_far = perf_counter_ns() - cpu_started
             await ctx.sessions.lookup(parsed.model, state.session)
+            cpu_started = perf_counter_ns() - so_far  # the await is not this stage's CPU
         section = ctx.config.models.get(parsed.model, DEFAULT_MODEL)
         placement = Placement(
             ctx, ticket, section, lambda exclude: self.plan(found, exclude), ttft_slo_s=caller.ttft_slo_s
@@ -76,6 +80,7 @@ class Admission:
         waiting = process.waiters.setdefault(client.id, set())
         waiting.add(me)
         process.queued[parsed.model] = process.queued.get(parsed.model, 0) + 1
+        state.stage_ns["admit"] = perf_counter_ns() - cpu_started  # up to the placement's round trip
         try:
             result = await placement.run()
         except asyncio.CancelledError:
@@ -83,7 +88,7 @@ class Admission:
                 raise
             process.disconnected.discard(me)
             me.uncancel()
-            ctx.metrics.rejected.inc(parsed.model, "client_gone")
+            ctx.metrics.rejected.inc(parsed.model, "client_gone", state.arm)
             _kill(flow)
             return
         finally:
@@ -101,7 +106,7 @@ class Admission:
             ).to_response()
             return
         if isinstance(result, AdmissionRejected):
-            ctx.metrics.rejected.inc(parsed.model, result.reason)
+            ctx.metrics.rejected.inc(parsed.model, result.reason, state.arm)
             detail = f"{result}; estimated wait {result.est_wait_s:.3f} s"
             state.refused = ("admission", result.reason, detail)
             raise_as_response(flow, result)
@@ -111,7 +116,7 @@ class Admission:
             ctx.sessions.routed(result.route, state.session)
         state.queued_s = now_s() - started
         state.held = result.held()
-        ctx.metrics.admission_wait.observe(state.queued_s, parsed.model, state.band_name)
+        ctx.metrics.admission_wait.observe(state.queued_s, parsed.model, state.band_name, state.arm)
 
     def plan(self, found: Accepted, exclude: Collection[str] = ()) -> Route | None:
         """The policy's choice among the routable workers minus `exclude`, nothing reserved
@@ -121,12 +126,16 @@ class Admission:
         if exclude:
             workers = [w for w in workers if w.id not in exclude]
         session = found.state.session
-        return self.ctx.router.choose(
+        started = perf_counter_ns()  # the route stage (again for a request rerouted off a full worker)
+        route = self.ctx.router.choose(
             request_id=found.state.request_id, model=parsed.model, prompt=found.prompt,
             max_tokens=parsed.max_tokens, band=caller.band, tenant=caller.tenant, workers=workers,
             arm=found.state.arm,
             session=session.binding if session is not None else None, streamed=parsed.stream,
         )  # fmt: skip
+        stages = found.state.stage_ns
+        stages["route"] = stages.get("route", 0) + perf_counter_ns() - started
+        return route
 
     def seats(self, model: str, prompt: Prompt, max_tokens: int) -> int:
         """Seats by cost: uncached prompt (best prefix hit among workers) + max_tokens, in the model's

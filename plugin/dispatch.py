@@ -55,7 +55,10 @@ class Dispatch:
             request.content = ask_usage(request.content or b"", parsed.body)
             state.usage_requested = True
         kind = "hit" if route.view.prefix_hits.get(route.worker.id, 0) else "miss"
-        self.metrics.routed.inc(parsed.model, route.worker.id, kind)
+        self.metrics.routed.inc(parsed.model, route.worker.id, kind, state.arm)
+        previous = route.view.sticky_worker  # where this prefix's previous request went (policy/state.py)
+        if previous is not None and previous != route.worker.id:
+            self.metrics.prefix_switches.inc(parsed.model, state.arm)
 
 
 # Never forwarded from a client: hop-by-hop headers (RFC 9110 §7.6.1; framing headers stay, mitmproxy

@@ -66,11 +66,12 @@ def classify(record: Record) -> Why:
     best_blocks = hits.get(best, 0) if best is not None else 0
     chosen = hits.get(worker, 0)
     reason = str(record.get("reason", ""))
+    kind_of_reason = record.get("reason_kind")  # policy.types.ReasonKind; older records: the text only
     if record.get("policy") in ("round_robin", "least_loaded"):
         kind = "baseline"
     elif 0 < best_blocks <= chosen:
         kind = "cache_hit"  # (stickiness may have kept it there: the reason says so)
-    elif reason.startswith("sticky"):
+    elif kind_of_reason == "stickiness" or reason.startswith("sticky"):
         kind = "sticky"
     elif best_blocks == 0:
         kind = "miss"

@@ -11,7 +11,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from mitmproxy import http
@@ -113,6 +113,8 @@ class FlowState:
     error: str = ""
     finished: bool = False
     arm: str = "default"
+    # hot-path CPU per stage so far, ns (plugin/metrics.py HotPathCpu: added under the arm on release)
+    stage_ns: dict[str, int] = field(default_factory=dict)
 
     @property
     def model(self) -> str:

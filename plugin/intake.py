@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import secrets
+from time import perf_counter_ns
 
 from mitmproxy import http
 
@@ -89,6 +90,7 @@ class Intake:
             ctx.metrics.local.inc(endpoint)
             flow.response = await ctx.local.serve(endpoint)
             return
+        started = perf_counter_ns()  # the parse stage (plugin/metrics.py HotPathCpu)
         headers = HeaderMap.of(request.headers)
         state = FlowState(request_id=lease_id(""), received_at=now_s())
         flow.metadata[STATE] = state
@@ -118,11 +120,14 @@ class Intake:
                 raise GatewayError(
                     503, "no_healthy_worker", f"no healthy worker for {parsed.model!r}", retry_after_s=1
                 )
+            hashing = perf_counter_ns()
+            state.stage_ns["parse"] = hashing - started
             try:
                 text = endpoint.prefix_text(parsed.body)
                 prompt = ctx.hasher.hash_text(text, parsed.model, ctx.config.routing.chunk_chars)
             except ValueError as e:
                 raise GatewayError(400, "invalid_request", str(e)) from None
+            state.stage_ns["hash"] = perf_counter_ns() - hashing  # exact mode's /tokenize: its own metric
             if ctx.router.is_exact(parsed.model):  # token ids from a worker; this prompt if none
                 prompt = await ctx.router.exact_prompt(
                     parsed.body,

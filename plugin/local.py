@@ -110,6 +110,10 @@ class LocalEndpoints:
                     m.worker_lease_age.set(max(0.0, (now - w.updated_ms) / 1000) if w.updated_ms else 0.0,
                                            model, w.id)  # fmt: skip
                 await self._global_admission_metrics(model)
+            # a worker gone from the mirror takes its per-worker series with it
+            m.drop_workers_except(
+                {(model, w.id) for model in self.mirror.models() for w in self.mirror.workers(model)}
+            )
         r = self.readiness
         r.redis = await self._ping()
         r.live_workers, r.draining, r.updated_at = live_total, self.process.draining, time.monotonic()

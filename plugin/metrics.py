@@ -8,15 +8,19 @@ metrics port (plugin/metrics_server.py) and on the proxy port.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import SummaryMetricFamily
 
 LabelValues = tuple[str, ...]
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TOKEN_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536)
+TOKENIZE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 REDIS_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -24,9 +28,14 @@ class _Family:
     """One prometheus-client metric and its children by label values."""
 
     kind = ""
+    factory: Any = None  # the prometheus-client class
 
-    def __init__(self, metric: Any, name: str, labels: tuple[str, ...]) -> None:
-        self.metric, self.name, self.label_names = metric, name, labels
+    def __init__(
+        self, registry: CollectorRegistry, name: str, help_text: str, labels: tuple[str, ...] = (),
+        **options: Any,
+    ) -> None:  # fmt: skip
+        self.metric = self.factory(name, help_text, labels, registry=registry, **options)
+        self.name, self.label_names = name, labels
         self.children: dict[LabelValues, Any] = {}
 
     def child(self, labels: LabelValues) -> Any:
@@ -51,13 +60,7 @@ class _Family:
 
 
 class Counter(_Family):
-    kind = "counter"
-
-    def __init__(
-        self, registry: CollectorRegistry, name: str, help_text: str, labels: tuple[str, ...] = ()
-    ) -> None:
-        metric = prometheus_client.Counter(name, help_text, labels, registry=registry)
-        super().__init__(metric, name, labels)
+    kind, factory = "counter", prometheus_client.Counter
 
     def inc(self, *labels: str, by: float = 1.0) -> None:
         self.child(labels).inc(by)
@@ -67,13 +70,7 @@ class Counter(_Family):
 
 
 class Gauge(_Family):
-    kind = "gauge"
-
-    def __init__(
-        self, registry: CollectorRegistry, name: str, help_text: str, labels: tuple[str, ...] = ()
-    ) -> None:
-        metric = prometheus_client.Gauge(name, help_text, labels, registry=registry)
-        super().__init__(metric, name, labels)
+    kind, factory = "gauge", prometheus_client.Gauge
 
     def set(self, value: float, *labels: str) -> None:
         self.child(labels).set(value)
@@ -87,14 +84,7 @@ class Gauge(_Family):
 
 
 class Histogram(_Family):
-    kind = "histogram"
-
-    def __init__(
-        self, registry: CollectorRegistry, name: str, help_text: str, labels: tuple[str, ...],
-        buckets: tuple[float, ...],
-    ) -> None:  # fmt: skip
-        metric = prometheus_client.Histogram(name, help_text, labels, registry=registry, buckets=buckets)
-        super().__init__(metric, name, labels)
+    kind, factory = "histogram", prometheus_client.Histogram  # options: buckets=
 
     def observe(self, value: float, *labels: str) -> None:
         self.child(labels).observe(value)
@@ -103,205 +93,208 @@ class Histogram(_Family):
         return int(self.sample("_count", labels)) if labels in self.children else 0
 
 
+class HotPathCpu:
+    """Per-stage CPU of the hot path (the parts time their stages into FlowState.stage_ns), exported as
+    a summary without quantiles: `_sum` (seconds) and `_count` (stage runs) per model, stage and arm.
+    The hot path adds plain integers (no lock, no prometheus-client call); the scrape reads a copy."""
+
+    kind = "summary"
+    name = "kvgate_hot_path_cpu_seconds"
+    label_names = ("model", "stage", "arm")
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.ns: dict[LabelValues, int] = {}
+        self.calls: dict[LabelValues, int] = {}
+        registry.register(self)
+
+    def add(self, model: str, stage: str, arm: str, ns: int) -> None:
+        key = (model, stage, arm)
+        self.ns[key] = self.ns.get(key, 0) + ns
+        self.calls[key] = self.calls.get(key, 0) + 1
+
+    def collect(self) -> Iterator[SummaryMetricFamily]:
+        family = SummaryMetricFamily(
+            self.name,
+            "CPU of each hot-path stage (parse, hash, route, admit, release) on the event loop thread: "
+            "time of its synchronous code, awaits excluded.",
+            labels=self.label_names,
+        )
+        calls = dict(self.calls)
+        for key, ns in list(self.ns.items()):
+            family.add_metric(key, count_value=calls.get(key, 0), sum_value=ns / 1e9)
+        yield family
+
+    def describe(self) -> Iterator[SummaryMetricFamily]:
+        yield SummaryMetricFamily(self.name, "", labels=self.label_names)
+
+
+# Every metric of the gateway: a line of attribute, kind (counter, gauge, or a histogram by its buckets),
+# name and label names ("-": none), then its help text on the indented lines below it.
+# Bounded labels only: tenants come from the config, workers from the registry, arms from the A/B split;
+# never request ids or prefixes. `arm` is on every per-request metric (issue 12, A/B split).
+DEFINITIONS = """
+requests          counter   kvgate_requests_total                 model band status arm
+    Completion requests finished, by status.
+local             counter   kvgate_local_requests_total           path
+    Requests answered by the gateway itself.
+admission_wait    latency   kvgate_admission_wait_seconds         model band arm
+    Time admitted requests waited for a slot.
+rejected          counter   kvgate_admission_rejected_total       model reason arm
+    Admission rejections.
+queue_length      gauge     kvgate_queue_length                   model
+    Requests of this gateway waiting for a slot.
+worker_full       counter   kvgate_worker_full_total              model worker
+    Requests turned down by a worker at its max_concurrency (two-step admission).
+priority_clamped  counter   kvgate_priority_clamped_total         tenant
+    Requests that asked for a band above their tenant's max_band (clamped to it).
+retried           counter   kvgate_connect_retries_total          model worker
+    Requests routed again because their worker refused the connection (nothing was sent).
+global_queue      gauge     kvgate_global_queue_length            model band
+    Requests of all gateways waiting for a slot (Redis).
+seats_used        gauge     kvgate_seats_used                     model
+    Seats held by live leases of all gateways (Redis).
+expected_wait     gauge     kvgate_expected_queue_wait_seconds    model
+    Expected wait of a request arriving now at the back of the global queues (autoscaling).
+slot_drift        gauge     kvgate_slot_drift                     model
+    Leases without a request in flight on a worker plus in-flight ids without a lease (audit).
+inflight          gauge     kvgate_inflight_requests              model
+    Requests this gateway routed and not finished.
+routed            counter   kvgate_routing_decisions_total        model worker kind arm
+    Routing decisions, by worker and kind (hit, miss).
+ttft              latency   kvgate_ttft_seconds                   model arm
+    Time to first token seen by the gateway.
+output_tokens     counter   kvgate_output_tokens_total            model arm
+    Output tokens streamed.
+prompt_tokens     counter   kvgate_prompt_tokens_total            model arm
+    Prompt tokens (worker usage).
+cached_tokens     counter   kvgate_cached_tokens_total            model arm
+    Prompt tokens served from the worker's prefix cache.
+workers           gauge     kvgate_workers                        model state
+    Workers in the mirror, by state.
+draining          gauge     kvgate_draining                       -
+    1 while the gateway drains on SIGTERM.
+tokenized         counter   kvgate_tokenize_total                 model source
+    Exact-mode prompts hashed from token ids, by source (worker, cache, prompt).
+tokenize_seconds  tokenize  kvgate_tokenize_seconds               model
+    Exact mode: /tokenize round trips to a worker.
+prefix_fallbacks  counter   kvgate_prefix_fallbacks_total         model reason
+    Exact-mode requests routed on approximate hashes, by reason (timeout, error, ...).
+outcomes          counter   kvgate_request_outcomes_total         model tenant band outcome arm
+    Requests finished, by model, tenant, band, outcome (ok, rate_limited, unavailable, client_error,
+    upstream_error) and A/B arm.
+reasons           counter   kvgate_routing_reasons_total          model reason index arm
+    Routing decisions by reason (policy.types.ReasonKind: cache_hit, load, stickiness, exploration,
+    replica_cap, session, fallback) and the index kind that matched (approximate, exact, none).
+prefix_switches   counter   kvgate_prefix_switches_total          model arm
+    Requests routed to another worker than their prefix's previous request went to.
+duration          latency   kvgate_request_duration_seconds       model arm
+    End-to-end time of routed requests seen by the gateway.
+estimated_cached  counter   kvgate_estimated_cached_tokens_total  model worker arm
+    Prompt tokens the gateway expected the chosen worker to have cached (its index hit share of the prompt).
+actual_cached     counter   kvgate_worker_cached_tokens_total     model worker arm
+    Prompt tokens the worker reported cached (usage.prompt_tokens_details), by worker.
+reachable_blocks  counter   kvgate_prefix_reachable_blocks_total  model arm
+    Best prefix hit (blocks) any candidate worker had, summed over routed requests.
+achieved_blocks   counter   kvgate_prefix_achieved_blocks_total   model arm
+    Prefix hit (blocks) of the chosen worker, summed over routed requests.
+worker_inflight   gauge     kvgate_worker_inflight_requests       model worker
+    Requests this gateway has in flight on a worker.
+worker_kv_usage   gauge     kvgate_worker_kv_usage_ratio          model worker
+    A worker's KV-cache usage (0..1) as the gateway's mirror sees it.
+worker_lease_age  gauge     kvgate_worker_lease_age_seconds       model worker
+    Seconds since a worker's lease was last renewed, as the gateway's mirror sees it.
+redis_seconds     redis     kvgate_redis_roundtrip_seconds        -
+    Round trips to Redis (PING of the metrics refresher).
+redis_errors      counter   kvgate_redis_errors_total             -
+    Failed Redis round trips of the metrics refresher.
+session_routes    counter   kvgate_session_routes_total           model outcome
+    Requests with a session id, by what the session did (new, followed, decided, moved).
+sessions_closed   counter   kvgate_sessions_closed_total          model
+    Sessions their client closed (x-kvgate-session-close).
+"""
+HISTOGRAM_BUCKETS = {"latency": LATENCY_BUCKETS_S, "tokenize": TOKENIZE_BUCKETS_S, "redis": REDIS_BUCKETS_S}
+
+
+def _definitions(table: str) -> Iterator[tuple[str, str]]:
+    """(spec line, help text) per metric of a DEFINITIONS table."""
+    for block in re.split(r"\n(?=\S)", table.strip()):
+        spec, *help_lines = block.splitlines()
+        yield spec, " ".join(line.strip() for line in help_lines)
+
+
 class GatewayMetrics:
-    """Every metric the gateway exports, by name."""
+    """Every metric the gateway exports, by attribute (built from DEFINITIONS, in a registry of its own)."""
+
+    requests: Counter
+    local: Counter
+    admission_wait: Histogram
+    rejected: Counter
+    queue_length: Gauge
+    worker_full: Counter
+    priority_clamped: Counter
+    retried: Counter
+    global_queue: Gauge
+    seats_used: Gauge
+    expected_wait: Gauge
+    slot_drift: Gauge
+    inflight: Gauge
+    routed: Counter
+    ttft: Histogram
+    output_tokens: Counter
+    prompt_tokens: Counter
+    cached_tokens: Counter
+    workers: Gauge
+    draining: Gauge
+    tokenized: Counter
+    tokenize_seconds: Histogram
+    prefix_fallbacks: Counter
+    outcomes: Counter
+    reasons: Counter
+    prefix_switches: Counter
+    duration: Histogram
+    estimated_cached: Counter
+    actual_cached: Counter
+    reachable_blocks: Counter
+    achieved_blocks: Counter
+    worker_inflight: Gauge
+    worker_kv_usage: Gauge
+    worker_lease_age: Gauge
+    redis_seconds: Histogram
+    redis_errors: Counter
+    session_routes: Counter
+    sessions_closed: Counter
 
     def __init__(self) -> None:
         prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # idempotent
         self.registry = r = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
-            r,
-            "kvgate_requests_total",
-            "Completion requests finished, by status.",
-            ("model", "band", "status"),
-        )
-        self.local = Counter(
-            r, "kvgate_local_requests_total", "Requests answered by the gateway itself.", ("path",)
-        )
-        self.admission_wait = Histogram(
-            r, "kvgate_admission_wait_seconds", "Time admitted requests waited for a slot.",
-            ("model", "band"), LATENCY_BUCKETS_S,
-        )  # fmt: skip
-        self.rejected = Counter(
-            r, "kvgate_admission_rejected_total", "Admission rejections.", ("model", "reason")
-        )
-        self.queue_length = Gauge(
-            r, "kvgate_queue_length", "Requests of this gateway waiting for a slot.", ("model",)
-        )
-        self.worker_full = Counter(
-            r,
-            "kvgate_worker_full_total",
-            "Requests turned down by a worker at its max_concurrency (two-step admission).",
-            ("model", "worker"),
-        )
-        self.priority_clamped = Counter(
-            r,
-            "kvgate_priority_clamped_total",
-            "Requests that asked for a band above their tenant's max_band (clamped to it).",
-            ("tenant",),
-        )
-        self.retried = Counter(
-            r,
-            "kvgate_connect_retries_total",
-            "Requests routed again because their worker refused the connection (nothing was sent).",
-            ("model", "worker"),
-        )
-        self.global_queue = Gauge(
-            r,
-            "kvgate_global_queue_length",
-            "Requests of all gateways waiting for a slot (Redis).",
-            ("model", "band"),
-        )
-        self.seats_used = Gauge(
-            r, "kvgate_seats_used", "Seats held by live leases of all gateways (Redis).", ("model",)
-        )
-        self.expected_wait = Gauge(
-            r,
-            "kvgate_expected_queue_wait_seconds",
-            "Expected wait of a request arriving now at the back of the global queues (autoscaling).",
-            ("model",),
-        )
-        self.slot_drift = Gauge(
-            r,
-            "kvgate_slot_drift",
-            "Leases without a request in flight on a worker plus in-flight ids without a lease (audit).",
-            ("model",),
-        )
-        self.inflight = Gauge(
-            r, "kvgate_inflight_requests", "Requests this gateway routed and not finished.", ("model",)
-        )
-        self.routed = Counter(
-            r,
-            "kvgate_routing_decisions_total",
-            "Routing decisions, by worker and kind.",
-            ("model", "worker", "kind"),
-        )
-        self.ttft = Histogram(
-            r,
-            "kvgate_ttft_seconds",
-            "Time to first token seen by the gateway.",
-            ("model", "arm"),
-            LATENCY_BUCKETS_S,
-        )
-        self.output_tokens = Counter(r, "kvgate_output_tokens_total", "Output tokens streamed.", ("model",))
-        self.prompt_tokens = Counter(
-            r, "kvgate_prompt_tokens_total", "Prompt tokens (worker usage).", ("model",)
-        )
-        self.cached_tokens = Counter(
-            r,
-            "kvgate_cached_tokens_total",
-            "Prompt tokens served from the worker's prefix cache.",
-            ("model",),
-        )
-        self.workers = Gauge(r, "kvgate_workers", "Workers in the mirror, by state.", ("model", "state"))
-        self.draining = Gauge(r, "kvgate_draining", "1 while the gateway drains on SIGTERM.")
-        # exact prefix mode (plugin/tokenize.py)
-        self.tokenized = Counter(
-            r,
-            "kvgate_tokenize_total",
-            "Exact-mode prompts hashed from token ids, by source (worker, cache, prompt).",
-            ("model", "source"),
-        )
-        self.tokenize_seconds = Histogram(
-            r, "kvgate_tokenize_seconds", "Exact mode: /tokenize round trips to a worker.", ("model",),
-            (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
-        )  # fmt: skip
-        self.prefix_fallbacks = Counter(
-            r,
-            "kvgate_prefix_fallbacks_total",
-            "Exact-mode requests routed on approximate hashes, by reason (timeout, error, ...).",
-            ("model", "reason"),
-        )
+        for spec, help_text in _definitions(DEFINITIONS):
+            attr, kind, name, *labels = spec.split()
+            names = () if labels == ["-"] else tuple(labels)
+            family: _Family
+            if kind == "counter":
+                family = Counter(r, name, help_text, names)
+            elif kind == "gauge":
+                family = Gauge(r, name, help_text, names)
+            else:
+                family = Histogram(r, name, help_text, names, buckets=HISTOGRAM_BUCKETS[kind])
+            setattr(self, attr, family)
+        self.hot_path_cpu = HotPathCpu(r)
 
-        # issue 12: operator metrics (bounded labels: tenants come from the config, workers from the
-        # registry, arms from the A/B split; never request ids or prefixes)
-        self.outcomes = Counter(
-            r,
-            "kvgate_request_outcomes_total",
-            "Requests finished, by model, tenant, band, outcome (ok, rate_limited, unavailable, "
-            "client_error, upstream_error) and A/B arm.",
-            ("model", "tenant", "band", "outcome", "arm"),
-        )
-        self.reasons = Counter(
-            r,
-            "kvgate_routing_reasons_total",
-            "Routing decisions by reason (cache_hit, load, stickiness, replica_cap, fallback) and the "
-            "index kind that matched (approximate, exact, none).",
-            ("model", "reason", "index", "arm"),
-        )
-        self.duration = Histogram(
-            r, "kvgate_request_duration_seconds", "End-to-end time of routed requests seen by the gateway.",
-            ("model", "arm"), LATENCY_BUCKETS_S,
-        )  # fmt: skip
-        self.estimated_cached = Counter(
-            r,
-            "kvgate_estimated_cached_tokens_total",
-            "Prompt tokens the gateway expected the chosen worker to have cached (its index hit share of "
-            "the prompt).",
-            ("model", "worker"),
-        )
-        self.actual_cached = Counter(
-            r,
-            "kvgate_worker_cached_tokens_total",
-            "Prompt tokens the worker reported cached (usage.prompt_tokens_details), by worker.",
-            ("model", "worker"),
-        )
-        self.reachable_blocks = Counter(
-            r,
-            "kvgate_prefix_reachable_blocks_total",
-            "Best prefix hit (blocks) any candidate worker had, summed over routed requests.",
-            ("model",),
-        )
-        self.achieved_blocks = Counter(
-            r,
-            "kvgate_prefix_achieved_blocks_total",
-            "Prefix hit (blocks) of the chosen worker, summed over routed requests.",
-            ("model",),
-        )
-        self.worker_inflight = Gauge(
-            r,
-            "kvgate_worker_inflight_requests",
-            "Requests this gateway has in flight on a worker.",
-            ("model", "worker"),
-        )
-        self.worker_kv_usage = Gauge(
-            r,
-            "kvgate_worker_kv_usage_ratio",
-            "A worker's KV-cache usage (0..1) as the gateway's mirror sees it.",
-            ("model", "worker"),
-        )
-        self.worker_lease_age = Gauge(
-            r,
-            "kvgate_worker_lease_age_seconds",
-            "Seconds since a worker's lease was last renewed, as the gateway's mirror sees it.",
-            ("model", "worker"),
-        )
-        self.redis_seconds = Histogram(
-            r, "kvgate_redis_roundtrip_seconds", "Round trips to Redis (PING of the metrics refresher).",
-            (), REDIS_BUCKETS_S,
-        )  # fmt: skip
-        self.redis_errors = Counter(
-            r, "kvgate_redis_errors_total", "Failed Redis round trips of the metrics refresher.", ()
-        )
-        # explicit session affinity (plugin/sessions.py, policy/session.py)
-        self.session_routes = Counter(
-            r,
-            "kvgate_session_routes_total",
-            "Requests with a session id, by what the session did (new, followed, decided, moved).",
-            ("model", "outcome"),
-        )
-        self.sessions_closed = Counter(
-            r,
-            "kvgate_sessions_closed_total",
-            "Sessions their client closed (x-kvgate-session-close).",
-            ("model",),
-        )
-
-    def all(self) -> list[_Family]:
-        return [m for m in vars(self).values() if isinstance(m, _Family)]
+    def all(self) -> list[_Family | HotPathCpu]:
+        return [m for m in vars(self).values() if isinstance(m, _Family | HotPathCpu)]
 
     def render(self) -> str:
         return generate_latest(self.registry).decode()
+
+    def drop_workers_except(self, present: set[tuple[str, str]]) -> None:
+        """Forget the series of every (model, worker) not in `present` (workers that left the mirror),
+        so a dead worker's series do not stay in every scrape for ever."""
+        for family in self.all():
+            if not isinstance(family, _Family) or family.label_names[:2] != ("model", "worker"):
+                continue
+            for labels in [k for k in family.children if (k[0], k[1]) not in present]:
+                del family.children[labels]
+                family.metric.remove(*labels)
 
 
 def outcome_of(status: int) -> str:
@@ -313,16 +306,3 @@ def outcome_of(status: int) -> str:
     if status == 503:
         return "unavailable"
     return "client_error" if status < 500 else "upstream_error"
-
-
-def reason_class(reason: str, hit: bool) -> str:
-    """The bounded class of a policy's free-text decision reason (policy/kvgate.py `_reason`)."""
-    if reason.startswith("sticky"):
-        return "stickiness"
-    if "(cap)" in reason or "replica" in reason:
-        return "replica_cap"
-    if reason.startswith("prefix") or (hit and not reason.startswith("miss")):
-        return "cache_hit"
-    if reason.startswith("miss") or reason:
-        return "load"
-    return "fallback"

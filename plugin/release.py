@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from time import perf_counter_ns
 from typing import Any
 
 from mitmproxy import http
 
 from plugin.context import GatewayContext
 from plugin.flow import NOT_HELD, FlowState, put_headers, state_of
-from plugin.metrics import outcome_of, reason_class
+from plugin.metrics import outcome_of
 from plugin.streaming import SseMeter, Usage
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,16 @@ class Release:
         if state.finished:
             return
         state.finished = True
+        started = perf_counter_ns()
+        self._account(flow, state, status, error)
+        cpu = self.ctx.metrics.hot_path_cpu  # the request's stages, under its arm (plugin/metrics.py)
+        model, arm = state.model, state.arm
+        for stage, ns in state.stage_ns.items():
+            cpu.add(model, stage, arm, ns)
+        cpu.add(model, "release", arm, perf_counter_ns() - started)
+
+    def _account(self, flow: http.HTTPFlow, state: FlowState, status: int, error: str) -> None:
+        """Release the lease, count the outcome, write the decision record."""
         ctx = self.ctx
         state.status, state.error = status, error
         lease, state.lease = state.lease, None
@@ -100,8 +111,8 @@ class Release:
                 ctx.releaser.release(lease)
         metrics = ctx.metrics
         model, band = state.model, state.band_name  # model "" when refused before parsing
-        metrics.requests.inc(model, band, str(status))
         tenant, arm = (state.caller.tenant if state.caller else ""), state.arm
+        metrics.requests.inc(model, band, str(status), arm)
         metrics.outcomes.inc(model, tenant, band, outcome_of(status), arm)
         route = state.route
         if state.session is not None:
@@ -114,10 +125,10 @@ class Release:
         hits = route.view.prefix_hits
         hit = hits.get(route.worker.id, 0)
         index = ("exact" if ctx.router.is_exact(model) else "approximate") if hit else "none"
-        metrics.reasons.inc(model, reason_class(route.decision.reason, hit > 0), index, arm)
+        metrics.reasons.inc(model, route.decision.kind, index, arm)
         if hits:
-            metrics.reachable_blocks.inc(model, by=max(hits.values()))
-            metrics.achieved_blocks.inc(model, by=hit)
+            metrics.reachable_blocks.inc(model, arm, by=max(hits.values()))
+            metrics.achieved_blocks.inc(model, arm, by=hit)
         metrics.duration.observe(time.monotonic() - state.received_at, model, arm)
         usage: Usage | None
         if state.meter is not None:
@@ -131,6 +142,7 @@ class Release:
         record.update(
             worker=route.worker.id,
             reason=route.decision.reason,
+            reason_kind=route.decision.kind.value,
             candidates=route.decision.scores,  # not changed after the decision: serialized as is
             hits=route.view.prefix_hits,  # prefix blocks each worker is believed to hold
             prefix_blocks=len(route.view.prefix_hashes),
@@ -150,18 +162,18 @@ class Release:
                 if state.meter is not None:
                     metrics.ttft.observe(ttft, model, arm)
             record["output_tokens"] = usage.output_tokens
-            metrics.output_tokens.inc(model, by=usage.output_tokens)
+            metrics.output_tokens.inc(model, arm, by=usage.output_tokens)
             if usage.prompt_tokens is not None:
                 record["prompt_tokens"] = usage.prompt_tokens
-                metrics.prompt_tokens.inc(model, by=usage.prompt_tokens)
+                metrics.prompt_tokens.inc(model, arm, by=usage.prompt_tokens)
                 blocks = len(route.view.prefix_hashes)
                 if blocks:
                     estimated = usage.prompt_tokens * min(hit, blocks) / blocks
-                    metrics.estimated_cached.inc(model, route.worker.id, by=estimated)
+                    metrics.estimated_cached.inc(model, route.worker.id, arm, by=estimated)
             if usage.cached_tokens is not None:
                 record["cached_tokens"] = usage.cached_tokens
-                metrics.cached_tokens.inc(model, by=usage.cached_tokens)
-                metrics.actual_cached.inc(model, route.worker.id, by=usage.cached_tokens)
+                metrics.cached_tokens.inc(model, arm, by=usage.cached_tokens)
+                metrics.actual_cached.inc(model, route.worker.id, arm, by=usage.cached_tokens)
         ctx.decisions.record(record)
 
     def _common_record(self, state: FlowState, status: int, error: str) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from policy.ledger import InflightLedger
 from policy.prefix import CHARS_PER_TOKEN
 from policy.session import SessionBinding, with_session
 from policy.state import RoutingState
-from policy.types import Band, Decision, RequestView, WorkerView
+from policy.types import Band, Decision, ReasonKind, RequestView, WorkerView
 from runtime.tasks import cancel_and_wait, spawn
 from store import index_store
 from store.registry import WorkerRecord
@@ -353,7 +353,7 @@ class Router:
         if policy == "least_loaded":
             load = {w.id: float(w.inflight + w.waiting) for w in views}
             pick = least_loaded(list(load), load.__getitem__, lambda _: self.rng.random())
-            return Decision(pick, "least loaded")
+            return Decision(pick, "least loaded", kind=ReasonKind.LOAD)
         chosen = self.candidate if arm == CANDIDATE_ARM and self.candidate is not None else self.policy
         return chosen.decide(view, views, self.rng, now)
 

@@ -39,7 +39,7 @@ from policy.pickers import MinCost
 from policy.profile import RoutingPolicy, run_filters
 from policy.scorers import ColdStart, PredictedTtft, ServeCost, TtftModel, effective_hit_tokens
 from policy.session import CREDIT, DECIDED, SessionPreference
-from policy.types import Decision, RequestView, WorkerView
+from policy.types import Decision, ReasonKind, RequestView, WorkerView
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,8 @@ class KvgatePolicy:
             narrowed = [*narrowed, "replicate"]
         if scores[winner].get(DECIDED):
             narrowed = [*narrowed, "session"]
-        return Decision(worker=winner, reason=_reason(req, winner, scores[winner], narrowed), scores=scores)
+        reason = _reason(req, winner, scores[winner], narrowed)
+        return Decision(winner, reason, scores, kind=_kind(scores[winner], narrowed))
 
     @cached_property
     def _session(self) -> SessionPreference:
@@ -173,6 +174,19 @@ def _reason(req: RequestView, winner: str, parts: dict[str, float], narrowed: li
         return f"prefix {parts['prefix-match']:.2f} on {winner}{held}, least {ttft}"
     cold = ", cold-start discount" if parts["cold-start"] > 0 else ""
     return f"miss → least {ttft} on {winner}{held}{cold}"
+
+
+def _kind(parts: dict[str, float], narrowed: list[str]) -> ReasonKind:
+    """The bounded class of `_reason`'s text (the same order of precedence)."""
+    if "session" in narrowed:
+        return ReasonKind.SESSION
+    if "sticky-hold" in narrowed:
+        return ReasonKind.STICKINESS
+    if "replica-cap" in narrowed and "replicate" not in narrowed:
+        return ReasonKind.REPLICA_CAP
+    if parts["prefix-match"] > 0:
+        return ReasonKind.CACHE_HIT
+    return ReasonKind.EXPLORATION if parts["cold-start"] > 0 else ReasonKind.LOAD
 
 
 def build_policy(config: RoutingConfig) -> RoutingPolicy:

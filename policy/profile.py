@@ -18,7 +18,7 @@ from typing import Protocol
 from policy.filters import Filter
 from policy.pickers import Picker
 from policy.scorers import Scorer, clamp01
-from policy.types import Decision, RequestView, WorkerView
+from policy.types import Decision, ReasonKind, RequestView, WorkerView
 
 
 class RoutingPolicy(Protocol):
@@ -85,6 +85,12 @@ class Profile:
             scores[w.id] = row
         winner = self.picker.pick(totals, rng)
         via = f" after {', '.join(narrowed)}" if narrowed else ""
-        return Decision(
-            worker=winner, reason=f"{self.picker.name}{via}: {format_parts(scores[winner])}", scores=scores
-        )
+        reason = f"{self.picker.name}{via}: {format_parts(scores[winner])}"
+        return Decision(winner, reason, scores, kind=profile_kind(scores[winner], narrowed))
+
+
+def profile_kind(parts: Mapping[str, float], narrowed: Sequence[str]) -> ReasonKind:
+    """A profile decision's reason class: held by the stickiness filter, a prefix hit, or load."""
+    if "sticky-hold" in narrowed:
+        return ReasonKind.STICKINESS
+    return ReasonKind.CACHE_HIT if parts.get("prefix-match", 0.0) > 0 else ReasonKind.LOAD

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 
 
 class Band(IntEnum):
@@ -93,6 +93,18 @@ class RequestView:
         return sum(self.block_tokens[: self.prefix_hits.get(worker_id, 0)])
 
 
+class ReasonKind(StrEnum):
+    """The bounded class of a decision's reason (metrics label `reason`, decision records' `reason_kind`)."""
+
+    CACHE_HIT = "cache_hit"  # the winner holds part of the prefix
+    LOAD = "load"  # nobody useful held the prefix, or its holders cost more: least loaded / cheapest
+    STICKINESS = "stickiness"  # held on the prefix's recent worker (stickiness window)
+    EXPLORATION = "exploration"  # a miss that went to a new worker on its cold-start discount
+    REPLICA_CAP = "replica_cap"  # kept among the prefix's replicas (replica cap)
+    SESSION = "session"  # the client's explicit session (policy/session.py)
+    FALLBACK = "fallback"  # no policy reasoning: a baseline (round robin) or a policy that gives no kind
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """A routing decision: the winner (None = rejected), why, and every candidate's scores for the log."""
@@ -100,6 +112,7 @@ class Decision:
     worker: str | None
     reason: str
     scores: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # worker -> part -> value
+    kind: ReasonKind = ReasonKind.FALLBACK
 
     @classmethod
     def reject(cls, reason: str) -> Decision:

@@ -48,7 +48,7 @@ async def test_an_admitted_stream_goes_to_its_worker_with_usage_asked_for(collec
     assert request.headers["x-request-id"] == "rid-1"
     sent = json.loads(request.content)
     assert ("stream_options" in sent) is collect_usage and state.usage_requested is collect_usage
-    assert metrics.routed.get(MODEL, "w0", "miss") == 1
+    assert metrics.routed.get(MODEL, "w0", "miss", "default") == 1
 
 
 async def test_a_request_without_a_route_is_503_not_forwarded() -> None:
