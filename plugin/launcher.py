@@ -26,6 +26,7 @@ from mitmproxy.tools.dump import DumpMaster
 from mitmproxy.tools.main import run
 
 from plugin.addon import KvGate
+from plugin.client_deadline import ClientDeadline
 from plugin.config import ConfigError, load_config
 from plugin.lean_chain import drop_idle_addons
 from plugin.supervisor import enable_reuse_port, run_supervisor
@@ -42,7 +43,7 @@ class KvGateMaster(DumpMaster):
 
     def __init__(self, opts: options.Options, **kwargs: object) -> None:
         super().__init__(opts, **kwargs)
-        self.addons.add(KvGate())
+        self.addons.add(KvGate(), ClientDeadline())  # ClientDeadline reads KvGate's kvgate_config option
         if not self.log_connections:  # two INFO lines per client connection cost CPU at load
             logging.getLogger("mitmproxy.proxy.server").setLevel(logging.WARNING)
         defaults: dict[str, object] = {
