@@ -10,9 +10,10 @@ same with `client_header_timeout` / `client_body_timeout` / `keepalive_timeout`.
 `limits.client_request_timeout_ms`, counted from the connection's open or from the end of its previous
 answer (an idle keep-alive connection owes its next request too). While a request of the connection
 is being admitted, routed or answered, no deadline runs: the wait is the gateway's, not the client's.
-A sweep once a second closes connections past their deadline through mitmproxy's own timeout path
-(`ConnectionHandler.on_timeout`), so the client sees a plain close, as from nginx. Nothing else waits
-on such a client: mitmproxy serves every connection on its own task.
+This addon must come before KvGate in the addon chain, whose `request` hook awaits admission for as
+long as a request queues. A sweep once a second closes connections past their deadline through
+mitmproxy's own timeout path (`ConnectionHandler.on_timeout`), so the client sees a plain close, as
+from nginx. Nothing else waits on such a client: mitmproxy serves every connection on its own task.
 
 Client pools should close idle connections sooner than this (aiohttp: 15 s, httpx and the openai SDK:
 5 s), or a request sent just as the gateway closes the idle connection fails like one sent to any
@@ -48,7 +49,7 @@ class ClientDeadline:
         self._sweeper: asyncio.Task[None] | None = None
 
     def configure(self, updated: set[str]) -> None:
-        if "kvgate_config" in updated:
+        if "kvgate_config" in updated:  # KvGate's option: this addon comes first in the chain (see `request`)
             try:
                 limits = load_config(ctx.options.kvgate_config).limits
             except ConfigError:
@@ -66,7 +67,9 @@ class ClientDeadline:
     def client_connected(self, client: connection.Client) -> None:
         self.deadlines[client.id] = time.monotonic() + self.timeout_s
 
-    def request(self, flow: http.HTTPFlow) -> None:  # the whole request is in: it waits on us now
+    def request(self, flow: http.HTTPFlow) -> None:
+        """The whole request is in: it waits on us now. Must run before KvGate's `request`, which
+        awaits admission (the chain runs one addon's hook after the other)."""
         cid = flow.client_conn.id
         self.in_flight[cid] = self.in_flight.get(cid, 0) + 1
         self.deadlines.pop(cid, None)

@@ -22,4 +22,4 @@ except ImportError:  # run from a checkout without `pip install -e .`: the scrip
     from runtime import compat
 
 compat.install()  # this script is the process's entry point here (mitmdump has none of ours)
-addons = [KvGate(), ClientDeadline()]
+addons = [ClientDeadline(), KvGate()]  # ClientDeadline sees a request before KvGate awaits admission

@@ -43,7 +43,8 @@ class KvGateMaster(DumpMaster):
 
     def __init__(self, opts: options.Options, **kwargs: object) -> None:
         super().__init__(opts, **kwargs)
-        self.addons.add(KvGate(), ClientDeadline())  # ClientDeadline reads KvGate's kvgate_config option
+        # ClientDeadline first: it must see a request as complete before KvGate's hook awaits admission
+        self.addons.add(ClientDeadline(), KvGate())
         if not self.log_connections:  # two INFO lines per client connection cost CPU at load
             logging.getLogger("mitmproxy.proxy.server").setLevel(logging.WARNING)
         defaults: dict[str, object] = {

@@ -78,10 +78,15 @@ async def test_slow_clients_are_cut_off_and_block_no_one(
         assert "sent no complete request within" in gw.output()
 
 
-async def test_a_slow_answer_is_not_cut_off(redis: aioredis.Redis, redis_url: str, tmp_path: Path) -> None:
+async def test_a_slow_or_queued_answer_is_not_cut_off(
+    redis: aioredis.Redis, redis_url: str, tmp_path: Path
+) -> None:
     held = await SseUpstream(MODEL).start()  # first event at once, the rest when released
     config = tmp_path / "kvgate.toml"
-    config.write_text(f'[models."{MODEL}"]\ntotal = 4\n\n[limits]\nclient_request_timeout_ms = 500\n')
+    config.write_text(
+        f'[models."{MODEL}"]\ntotal = 1\n\n[admission]\nmax_wait_ms = 20000\n\n'
+        "[limits]\nclient_request_timeout_ms = 500\n"
+    )
     gw = Gateway(redis_url, config, workers=[held.url], model=MODEL, log_dir=tmp_path)
     try:
         async with gateways(gw):
@@ -92,8 +97,12 @@ async def test_a_slow_answer_is_not_cut_off(redis: aioredis.Redis, redis_url: st
 
             releaser = asyncio.ensure_future(release_later())
             url = f"{gw.url}/v1/chat/completions"
-            status, _, text = await post(url, chat(MODEL, "hi", stream=True), timeout_s=20)
+            # the second queues behind the first (total = 1) for 2.5 s: it is not cut off either
+            answers = await asyncio.gather(
+                *(post(url, chat(MODEL, f"hi {i}", stream=True), timeout_s=20) for i in range(2))
+            )
             await releaser
-            assert status == 200 and b"[DONE]" in text, text
+            for status, _, text in answers:
+                assert status == 200 and b"[DONE]" in text, text
     finally:
         await held.close()
