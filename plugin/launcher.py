@@ -29,6 +29,7 @@ from plugin.addon import KvGate
 from plugin.client_deadline import ClientDeadline
 from plugin.config import ConfigError, load_config
 from plugin.lean_chain import drop_idle_addons
+from plugin.memtrace import start_from_env as start_memtrace
 from plugin.supervisor import enable_reuse_port, run_supervisor
 from runtime import compat
 
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.reuse_port:
         enable_reuse_port()
     KvGateMaster.log_connections = args.log_connections
+    start_memtrace()  # KVGATE_TRACEMALLOC=N: log allocation growth every N s (plugin/memtrace.py)
     with tempfile.TemporaryDirectory(prefix="kvgate-mitm-") as tmp:
         confdir = args.confdir or str(Path(tmp) / "confdir")
         run(KvGateMaster, cmdline.mitmdump, mitmdump_args(args, confdir))
