@@ -4,8 +4,12 @@ continuously (issue 10).
 
 Faults, in a shuffled round-robin so a run of >= 5 faults covers >= 4 kinds: SIGKILL of a worker,
 of an agent or of a gateway (each restarted on the same port after a pause), a Redis SIGSTOP longer
-than a worker lease, and a Redis SIGKILL + restart on the same port (empty). Clients leave
-mid-stream now and then (a read cut short).
+than a worker lease, a Redis SIGKILL + restart on the same port (empty), slow Redis replies (every
+gateway and agent reaches Redis through `bench/slow_redis.py`, a proxy whose delay is raised to
+SLOW_REDIS_S for a while), and slow clients: idle connections, connections that stop mid-headers and
+slowloris bodies (a byte every 0.2 s), which the gateways must cut off at
+`limits.client_request_timeout_ms` (plugin/client_deadline.py) while serving everyone else. Clients
+leave mid-stream now and then (a read cut short).
 
 Invariants, checked continuously and at the end:
 - running <= quota, at the workers' own counters: every worker logs when each request starts and
@@ -20,7 +24,10 @@ Invariants, checked continuously and at the end:
   a client request id never reaches workers under two lease ids (duplicated);
 - recovery after each fault: seconds from the restore until a request through every gateway is
   200, against one lease period;
-- memory: RSS of the gateway that is never killed, at the start and at the end.
+- slow clients cut off: every slow connection closed by the gateway within its timeout + 2.5 s;
+- memory flat: every gateway process's RSS, sampled every 2 s; for each gateway's longest-lived
+  process, the growth from the end of its warm-up (WARMUP_S after it started, or a quarter of the run
+  if shorter) to its last sample stays <= MEMORY_BOUND_MB.
 
 Writes the issue's JSON interface: {"sent", "answered_once", "lost", "duplicated",
 "wrongly_rejected", "status_500", "slots_leaked", "max_quota_overshoot", "max_recovery_s",
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -46,6 +54,7 @@ from typing import Any
 import aiohttp
 import redis.asyncio as aioredis
 
+from bench.slow_redis import SlowRedisProxy
 from bench.stack import Process, Stack, kvgate_command, wait_http_ok
 from runtime.tasks import spawn
 from store.redis_server import EmbeddedRedis, free_port
@@ -58,7 +67,13 @@ WORKERS = 4
 LEASE_MS = 4000
 # per worker port: its process's boot time, the log cursor, the last good poll, its open requests
 HeldCursor = tuple[float, int, float, dict[str, float]]
-KINDS = ("worker_kill", "agent_kill", "gateway_kill", "redis_pause", "redis_restart")
+KINDS = ("worker_kill", "agent_kill", "gateway_kill", "redis_pause", "redis_restart", "slow_redis",
+         "slow_clients")  # fmt: skip
+SLOW_REDIS_S = 0.3  # per reply, for SLOW_REDIS_FOR_S: well under gateway.redis_timeout_ms (2 s)
+SLOW_REDIS_FOR_S = 6.0
+CLIENT_TIMEOUT_MS = 3000  # limits.client_request_timeout_ms of the chaos gateways (default 60 s)
+WARMUP_S = 30.0
+MEMORY_BOUND_MB = 10.0
 
 
 @dataclass
@@ -68,6 +83,7 @@ class Tally:
     broken_expected: int = 0  # a stream cut because its gateway was SIGKILLed under it
     broken_by_worker_kill: int = 0  # a stream cut because its worker was SIGKILLed under it
     lost: int = 0  # no answer, or a broken stream, that no fault explains
+    lost_why: Counter[str] = field(default_factory=Counter)  # what the client saw, per lost request
     left: int = 0  # the client left mid-stream on purpose
     wrongly_rejected: int = 0  # a rejection without Retry-After, or one outside every fault window
     sampled_overshoot: int = 0  # from /kvgate/inflight read worker after worker (skewed: reported apart)
@@ -75,12 +91,16 @@ class Tally:
     faults: Counter[str] = field(default_factory=Counter)
     lease_ids: dict[str, set[str]] = field(default_factory=dict)  # client id -> lease ids at workers
     quota_after_restart: list[bool] = field(default_factory=list)
+    slow_clients: int = 0  # slow connections opened
+    slow_clients_not_cut: int = 0  # ... that no gateway closed within its timeout + 2.5 s
+    rss: dict[str, list[tuple[float, int, float]]] = field(default_factory=dict)  # gateway -> (t, pid, MB)
     held_events: list[tuple[float, int]] = field(default_factory=list)  # (monotonic s, +1|-1), all workers
 
 
 class Chaos:
-    def __init__(self, seconds: float, seed: int, log_dir: Path) -> None:
+    def __init__(self, seconds: float, seed: int, log_dir: Path, kinds: tuple[str, ...] = KINDS) -> None:
         self.seconds = seconds
+        self.kinds = kinds
         self.rng = random.Random(seed)
         self.stack = Stack(log_dir)
         self.redis_port = free_port()
@@ -93,10 +113,18 @@ class Chaos:
         self.fault_until = 0.0  # monotonic end of the current fault window (+ recovery)
         self.stop = asyncio.Event()
         self.config = log_dir / "chaos.toml"
+        self.proxy: SlowRedisProxy | None = None
+        self.started: dict[int, float] = {}  # gateway pid -> monotonic start
 
     # -- processes ---------------------------------------------------------------------------------
     def start_redis(self) -> None:
         self.stack.redis = EmbeddedRedis(self.redis_port).start()
+
+    @property
+    def redis_url(self) -> str:
+        """What the gateways and agents use: the slow-Redis proxy in front of the server."""
+        assert self.proxy is not None
+        return self.proxy.url
 
     def spawn(self, name: str, args: list[str]) -> Process:
         process = self.stack.spawn(name, kvgate_command(*args))
@@ -112,15 +140,16 @@ class Chaos:
 
     def start_agent(self, i: int) -> None:
         args = ["agent", "--worker-url", f"http://127.0.0.1:{self.worker_ports[i]}", "--model", MODEL,
-                "--worker-id", f"w{i}", "--redis", self.stack.redis_url, "--heartbeat-ms", "500",
+                "--worker-id", f"w{i}", "--redis", self.redis_url, "--heartbeat-ms", "500",
                 "--max-concurrency", "4"]  # fmt: skip
         self.spawn(f"agent-{i}", args)
 
     def start_gateway(self, i: int, wait: bool = True) -> None:
         port = self.gateway_ports[i]
-        args = ["proxy", "--listen-port", str(port), "--redis", self.stack.redis_url, "--gateway-id",
+        args = ["proxy", "--listen-port", str(port), "--redis", self.redis_url, "--gateway-id",
                 f"gw{i}", "--config", str(self.config)]  # fmt: skip
         process = self.spawn(f"gateway-{i}", args)
+        self.started[process.proc.pid] = time.monotonic()
         if wait:
             wait_http_ok(f"http://127.0.0.1:{port}/readyz", 60, process.proc)
 
@@ -134,9 +163,11 @@ class Chaos:
         self.config.parent.mkdir(parents=True, exist_ok=True)
         self.config.write_text(
             f'[models."{MODEL}"]\ntotal = {QUOTA}\n\n[admission]\nlease_ms = {LEASE_MS}\n'
-            f"renew_every_ms = 1000\nmax_wait_ms = 20000\n\n[routing]\nrefresh_ms = 200\n"
+            f"renew_every_ms = 1000\nmax_wait_ms = 20000\n\n[routing]\nrefresh_ms = 200\n\n"
+            f"[limits]\nclient_request_timeout_ms = {CLIENT_TIMEOUT_MS}\n"
         )
         self.start_redis()
+        self.proxy = SlowRedisProxy(self.redis_port).start()
         self.worker_ports = [free_port() for _ in range(WORKERS)]
         self.gateway_ports = [free_port() for _ in range(2)]
         for i in range(WORKERS):
@@ -175,18 +206,20 @@ class Chaos:
                     data = await resp.read()
                     self.tally.statuses[resp.status] += 1
                     if resp.status == 200 and not data.rstrip().endswith(b"[DONE]"):
-                        self.broken(kills_before, g)
+                        self.broken(
+                            kills_before, g, "stream without [DONE]: " + data[-120:].decode(errors="replace")
+                        )
                     elif resp.status in (429, 503):
                         in_fault = time.monotonic() < self.fault_until
                         if "Retry-After" not in resp.headers or not in_fault:
                             self.tally.wrongly_rejected += 1
                     elif resp.status != 200:
                         self.tally.wrongly_rejected += resp.status != 500
-            except (aiohttp.ClientError, TimeoutError, OSError):
-                self.broken(kills_before, g)
+            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                self.broken(kills_before, g, type(e).__name__)
                 await asyncio.sleep(0.2)
 
-    def broken(self, kills_before: dict[str, int], gateway: int) -> None:
+    def broken(self, kills_before: dict[str, int], gateway: int, why: str) -> None:
         """A stream cut short or a failed exchange: explained by a kill during it, or lost."""
         if self.killed_gateway == gateway or self.kills["gateway_kill"] > kills_before.get("gateway_kill", 0):
             self.tally.broken_expected += 1
@@ -194,6 +227,7 @@ class Chaos:
             self.tally.broken_by_worker_kill += 1  # ends with an SSE error event (or cut before headers)
         else:
             self.tally.lost += 1
+            self.tally.lost_why[why] += 1
 
     async def held_logs(self, session: aiohttp.ClientSession) -> None:
         """Collect every worker's start/end log (see the module doc) until the load stops, then once more."""
@@ -308,6 +342,13 @@ class Chaos:
             self.stack.redis.stop()
             await asyncio.sleep(0.5)
             self.start_redis()
+        elif kind == "slow_redis":
+            assert self.proxy is not None
+            self.proxy.delay_s = SLOW_REDIS_S
+            await asyncio.sleep(SLOW_REDIS_FOR_S)
+            self.proxy.delay_s = 0.0
+        elif kind == "slow_clients":
+            await self.slow_clients()
         restored = time.monotonic()
         self.tally.faults[kind] += 1
         recovery = await self.recovered_after(session, restored)
@@ -315,6 +356,49 @@ class Chaos:
         self.fault_until = time.monotonic() + 1.0  # answers already under way when it recovered
         if kind == "redis_restart":
             self.tally.quota_after_restart.append(await self.quota_enforced())
+
+    async def slow_clients(self) -> None:
+        """Idle connections, connections stopped mid-headers and slowloris bodies against every
+        gateway, all at once; each must be closed by its gateway within its timeout + 2.5 s."""
+        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "slow " * 40}]}).encode()
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        head += b"Content-Length: %d\r\n\r\n" % len(body)
+        shapes = [(b"", b"")] * 10 + [(head[:25], b"")] * 5 + [(head, body)] * 10
+        limit = CLIENT_TIMEOUT_MS / 1000 + 2.5
+        clients = [
+            slow_client(port, first, trickle, limit + 5)
+            for port in self.gateway_ports
+            for first, trickle in shapes
+        ]
+        closed = await asyncio.gather(*clients)
+        self.tally.slow_clients += len(closed)
+        self.tally.slow_clients_not_cut += sum(1 for t in closed if t > limit)
+
+    async def rss_sampler(self) -> None:
+        while not self.stop.is_set():
+            for name in ("gateway-0", "gateway-1"):
+                pid = self.procs[name].proc.pid
+                mb = rss_mb(pid)
+                if mb:
+                    self.tally.rss.setdefault(name, []).append((time.monotonic(), pid, mb))
+            await asyncio.sleep(2.0)
+
+    def memory_growth(self) -> dict[str, dict[str, float]]:
+        """Per gateway, its longest-lived process's RSS at the end of its warm-up and at its last sample
+        (a killed gateway restarts as a new process, which warms up anew)."""
+        warmup = min(WARMUP_S, self.seconds / 4)
+        out: dict[str, dict[str, float]] = {}
+        for name, samples in self.tally.rss.items():
+            for pid in {p for _t, p, _mb in samples}:
+                mine = [
+                    (t, mb) for t, p, mb in samples if p == pid and t >= self.started.get(p, 0.0) + warmup
+                ]
+                if len(mine) < 2 or mine[-1][0] - mine[0][0] <= out.get(name, {}).get("over_s", 0.0):
+                    continue
+                out[name] = {"after_warmup_mb": mine[0][1], "end_mb": mine[-1][1],
+                             "growth_mb": round(mine[-1][1] - mine[0][1], 1),
+                             "over_s": round(mine[-1][0] - mine[0][0], 1)}  # fmt: skip
+        return out
 
     async def quota_enforced(self) -> bool:
         client = aioredis.Redis.from_url(self.stack.redis_url, decode_responses=True)
@@ -326,8 +410,8 @@ class Chaos:
 
     async def faults(self, session: aiohttp.ClientSession) -> None:
         start = time.monotonic()
-        count = max(5, int(self.seconds // 12))
-        order = list(KINDS)
+        count = max(6, int(self.seconds // 12))  # CI's 60 s: 6 of the 7 kinds
+        order = list(self.kinds)
         self.rng.shuffle(order)
         plan = [order[i % len(order)] for i in range(count)]
         gap = self.seconds / (count + 1)
@@ -342,13 +426,16 @@ class Chaos:
     # -- run ---------------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
         rss_start = rss_mb(self.procs["gateway-1"].proc.pid)
-        async with aiohttp.ClientSession() as session:
+        # idle pooled connections close well before the gateways' client timeout, as a client's should
+        connector = aiohttp.TCPConnector(keepalive_timeout=1.0)
+        async with aiohttp.ClientSession(connector=connector) as session:
             load = [spawn(self.client(session, n), name=f"chaos-client-{n}") for n in range(10)]
             sampler = spawn(self.sampler(session), name="chaos-sampler")
             logs = spawn(self.held_logs(session), name="chaos-held-logs")
+            rss = spawn(self.rss_sampler(), name="chaos-rss")
             await self.faults(session)
             self.stop.set()
-            await asyncio.gather(*load, sampler)
+            await asyncio.gather(*load, sampler, rss)
             await logs
         rss_end = rss_mb(self.procs["gateway-1"].proc.pid)
         await asyncio.sleep(LEASE_MS / 1000 * 1.5)
@@ -360,6 +447,7 @@ class Chaos:
         t = self.tally
         answered = sum(t.statuses.values())
         duplicated = sum(1 for ids in t.lease_ids.values() if len(ids) > 1)
+        memory = self.memory_growth()
         return {
             "sent": t.sent,
             "answered_once": answered + t.left,
@@ -373,6 +461,7 @@ class Chaos:
             "lease_period_s": LEASE_MS / 1000,
             "quota_enforced_after_redis_restart": bool(t.quota_after_restart) and all(t.quota_after_restart),
             "faults": dict(t.faults),
+            "lost_why": dict(t.lost_why),
             "statuses": {str(k): v for k, v in sorted(t.statuses.items())},
             "broken_by_gateway_kill": t.broken_expected,
             "broken_by_worker_kill": t.broken_by_worker_kill,
@@ -380,6 +469,11 @@ class Chaos:
             "recoveries_s": t.recoveries,
             "sampled_quota_overshoot": max(0, t.sampled_overshoot),
             "gateway_rss_mb": {"start": rss_start, "end": rss_end},
+            "slow_clients": t.slow_clients,
+            "slow_clients_not_cut": t.slow_clients_not_cut,
+            "max_memory_growth_mb": max((m["growth_mb"] for m in memory.values()), default=0.0),
+            "memory_bound_mb": MEMORY_BOUND_MB,
+            "memory": memory,
             "seconds": self.seconds,
         }
 
@@ -392,6 +486,36 @@ def max_running(events: list[tuple[float, int]]) -> int:
         running += delta
         peak = max(peak, running)
     return peak
+
+
+async def slow_client(port: int, first: bytes, trickle: bytes, give_up_s: float) -> float:
+    """Seconds until the gateway closes a connection that sent `first`, then `trickle` one byte every
+    0.2 s; `give_up_s` if it never does."""
+    start = time.monotonic()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return 0.0  # its gateway is down: nothing held
+
+    async def dribble() -> None:
+        with contextlib.suppress(OSError):  # closed by the gateway: the point
+            writer.write(first)
+            for byte in trickle:
+                await asyncio.sleep(0.2)
+                writer.write(bytes([byte]))
+                await writer.drain()
+
+    sender = spawn(dribble(), name="chaos-slowloris")
+    try:
+        await asyncio.wait_for(reader.read(), give_up_s)
+        return time.monotonic() - start
+    except TimeoutError:
+        return give_up_s
+    except OSError:
+        return time.monotonic() - start
+    finally:
+        sender.cancel()
+        writer.close()
 
 
 def rss_mb(pid: int) -> float:
@@ -408,6 +532,8 @@ def table(result: dict[str, Any]) -> str:
     rows = [(k, v) for k, v in result.items() if not isinstance(v, dict | list)]
     rows += [(f"faults.{k}", v) for k, v in result["faults"].items()]
     rows += [(f"status.{k}", v) for k, v in result["statuses"].items()]
+    for name, m in result["memory"].items():
+        rows.append((f"memory.{name}", f"{m['after_warmup_mb']} -> {m['end_mb']} MB over {m['over_s']} s"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -417,15 +543,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=300, help="length of the run (default 300)")
     parser.add_argument("--json", default="", help="write the result here")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--faults", default=",".join(KINDS), help="fault kinds to draw from (default: all)")
     parser.add_argument("--log-dir", default="", help="process logs (default: a temp dir)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="kvgate-chaos-"))
-    chaos = Chaos(args.seconds, args.seed, log_dir)
+    kinds = tuple(k for k in args.faults.split(",") if k)
+    if not kinds or set(kinds) - set(KINDS):
+        parser.error(f"--faults: choose from {','.join(KINDS)}")
+    chaos = Chaos(args.seconds, args.seed, log_dir, kinds)
     try:
         chaos.setup()
         result = asyncio.run(chaos.run())
     finally:
         chaos.stack.close()
+        if chaos.proxy is not None:
+            chaos.proxy.stop()
     print(table(result))
     print(f"logs: {log_dir}")
     if args.json:

@@ -82,10 +82,14 @@ class LimitsSection:
     max_tokens: int = 131_072  # upper bound accepted for max_tokens / max_completion_tokens
     default_max_tokens: int = 256  # assumed output length when the request gives none (seats, routing)
     max_n: int = 16
+    # a client must hand over a complete request (headers and body) this soon after its connection
+    # opens or its previous answer ends; slower ones are cut off (plugin/client_deadline.py)
+    client_request_timeout_ms: int = 60_000
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_messages", "max_prompt_chars", "max_tokens", "max_n"):
             _at_least(f"limits.{name}", getattr(self, name), 1)
+        _at_least("limits.client_request_timeout_ms", self.client_request_timeout_ms, 100)
         _at_least("limits.default_max_tokens", self.default_max_tokens, 1)
         if self.default_max_tokens > self.max_tokens:
             raise ConfigError(

@@ -13,11 +13,13 @@ from pathlib import Path
 
 try:
     from plugin.addon import KvGate
+    from plugin.client_deadline import ClientDeadline
     from runtime import compat
 except ImportError:  # run from a checkout without `pip install -e .`: the script dir is plugin/
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from plugin.addon import KvGate
+    from plugin.client_deadline import ClientDeadline
     from runtime import compat
 
 compat.install()  # this script is the process's entry point here (mitmdump has none of ours)
-addons = [KvGate()]
+addons = [ClientDeadline(), KvGate()]  # ClientDeadline sees a request before KvGate awaits admission

@@ -26,8 +26,10 @@ from mitmproxy.tools.dump import DumpMaster
 from mitmproxy.tools.main import run
 
 from plugin.addon import KvGate
+from plugin.client_deadline import ClientDeadline
 from plugin.config import ConfigError, load_config
 from plugin.lean_chain import drop_idle_addons
+from plugin.memtrace import start_from_env as start_memtrace
 from plugin.supervisor import enable_reuse_port, run_supervisor
 from runtime import compat
 
@@ -42,7 +44,8 @@ class KvGateMaster(DumpMaster):
 
     def __init__(self, opts: options.Options, **kwargs: object) -> None:
         super().__init__(opts, **kwargs)
-        self.addons.add(KvGate())
+        # ClientDeadline first: it must see a request as complete before KvGate's hook awaits admission
+        self.addons.add(ClientDeadline(), KvGate())
         if not self.log_connections:  # two INFO lines per client connection cost CPU at load
             logging.getLogger("mitmproxy.proxy.server").setLevel(logging.WARNING)
         defaults: dict[str, object] = {
@@ -138,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.reuse_port:
         enable_reuse_port()
     KvGateMaster.log_connections = args.log_connections
+    start_memtrace()  # KVGATE_TRACEMALLOC=N: log allocation growth every N s (plugin/memtrace.py)
     with tempfile.TemporaryDirectory(prefix="kvgate-mitm-") as tmp:
         confdir = args.confdir or str(Path(tmp) / "confdir")
         run(KvGateMaster, cmdline.mitmdump, mitmdump_args(args, confdir))
