@@ -48,6 +48,10 @@ class TtftModelConfig:
         default=1.0,
         metadata={"help": "extra weight of this request's uncached prefill (work others wait for)"},
     )
+    busy_weight_max: float = field(
+        default=4.0,
+        metadata={"help": "cap of the extra miss weight when every worker is busy (a hit is capacity)"},
+    )
 
     def __post_init__(self) -> None:
         _check_range("prefill_tokens_per_s", self.prefill_tokens_per_s, 1.0, 1e8)
@@ -55,6 +59,7 @@ class TtftModelConfig:
         _check_range("decode_slowdown", self.decode_slowdown, 0.0, 1.0)
         _check_range("overhead_s", self.overhead_s, 0.0, 60.0)
         _check_range("miss_weight", self.miss_weight, 0.0, 100.0)
+        _check_range("busy_weight_max", self.busy_weight_max, 0.0, 100.0)
 
 
 @dataclass(frozen=True)
