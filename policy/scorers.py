@@ -25,6 +25,11 @@ def clamp01(x: float) -> float:
     return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
 
 
+def saturating(count: int, saturate_at: int) -> float:
+    """1 for 0, falling linearly to 0 at `saturate_at` (≥ 1) and beyond (Load, QueueDepth)."""
+    return 1.0 - min(max(count, 0), saturate_at) / saturate_at
+
+
 def effective_hit_tokens(req: RequestView, worker_id: str, min_gain: float) -> int:
     """Cached prompt tokens on the worker, or 0 when they cover less than `min_gain` of the prompt
     (the article's minimum cache gain: small matches are ignored so that they cannot cause churn)."""
@@ -194,7 +199,7 @@ class Load:
     name: str = "load"
 
     def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
-        return {w.id: 1.0 - min(max(w.inflight, 0), self.saturate_at) / self.saturate_at for w in workers}
+        return {w.id: saturating(w.inflight, self.saturate_at) for w in workers}
 
 
 @dataclass(frozen=True)
@@ -205,7 +210,7 @@ class QueueDepth:
     name: str = "queue-depth"
 
     def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
-        return {w.id: 1.0 - min(max(w.waiting, 0), self.saturate_at) / self.saturate_at for w in workers}
+        return {w.id: saturating(w.waiting, self.saturate_at) for w in workers}
 
 
 @dataclass(frozen=True)
