@@ -57,6 +57,9 @@ class TtftModelConfig:
     miss_weight: float = _within(
         0.0, 100.0, 1.0, "extra weight of this request's uncached prefill (work others wait for)"
     )
+    busy_weight_max: float = _within(
+        0.0, 100.0, 4.0, "cap of the extra miss weight when every worker is busy (a hit is capacity)"
+    )
 
     def __post_init__(self) -> None:
         _check_ranges(self)

@@ -3,7 +3,9 @@
     candidates  Eligible (healthy, not draining) → HardOverload (engine slots / KV full)
                 → ReplicaCap (a prefix held by ≥ cap workers stays on them unless hot and overloaded)
                 → StickyHold (within the window a prefix stays on its worker unless overloaded)
-    cost(w)     = (ttft(w) + miss_weight × own_prefill(w)) × (1 − cold_start(w))
+    cost(w)     = (ttft(w) + (miss_weight + busy) × own_prefill(w)) × (1 − cold_start(w))
+                  busy = queued wait on the least-loaded candidate in full prefills of the request,
+                  capped (scorers.ServeCost.busy_weight): when every worker is busy, a hit is capacity
                   ttft = TtftModel.ttft_s(w, prompt − effective_hit(w)); own_prefill = its uncached part
                   − session credit (policy/session.py: the session worker of an explicit session id, only
                   while the hold limit below allows; a separate term)
@@ -60,7 +62,11 @@ class KvgatePolicy:
 
     @cached_property
     def cost(self) -> ServeCost:
-        return ServeCost(self.ttft, miss_weight=self.config.ttft.miss_weight)
+        return self._serve_cost(self.ttft)
+
+    def _serve_cost(self, ttft: PredictedTtft) -> ServeCost:
+        t = self.config.ttft
+        return ServeCost(ttft, miss_weight=t.miss_weight, busy_weight_max=t.busy_weight_max)
 
     @cached_property
     def guard_ttft(self) -> PredictedTtft:
@@ -73,7 +79,7 @@ class KvgatePolicy:
     @cached_property
     def _filters(self) -> tuple[Filter, ...]:
         c, ttft = self.config, self.guard_ttft
-        cost = ServeCost(ttft, miss_weight=c.ttft.miss_weight)
+        cost = self._serve_cost(ttft)
         return (
             Eligible(),
             HardOverload(),
@@ -113,12 +119,15 @@ class KvgatePolicy:
         costs: dict[str, float] = {}
         hot = req.prefix_rate >= c.replicas.hot_rate_per_s
         bonus = c.sticky.bonus if (c.sticky.hot_bonus or not hot) else 0.0
+        busy = self.cost.busy_weight(req, candidates)
         for w in candidates:
             hit = hits[w.id]
-            ttft_s, miss_s, cost_s = self.cost.parts(req, w, hit, kept[w.id])
+            ttft_s, miss_s, cost_s = self.cost.parts(req, w, hit, kept[w.id], busy)
             if kept[w.id] > hit:  # a new replica: its one-time prefill, shared by the requests it will serve
+                # (when every worker is busy, that prefill is capacity lost to all: the share shrinks)
                 free_ttft = self.cost.parts(req, w, kept[w.id])[0]
-                cost_s -= (ttft_s - free_ttft) * (1.0 - 1.0 / (1.0 + self._replica_share(req, hits)))
+                share = 1.0 - 1.0 / (1.0 + self._replica_share(req, hits))
+                cost_s -= (ttft_s - free_ttft) * share / (1.0 + busy)
             costs[w.id] = cost_s * (1.0 - cold[w.id])
             if w.id == req.sticky_worker:
                 costs[w.id] *= 1.0 - bonus
@@ -141,7 +150,7 @@ class KvgatePolicy:
 
     @cached_property
     def _session(self) -> SessionPreference:
-        guard = ServeCost(self.guard_ttft, miss_weight=self.config.ttft.miss_weight)
+        guard = self._serve_cost(self.guard_ttft)
         return SessionPreference(self.cost, guard, weight=self.config.session.weight)
 
     @cached_property

@@ -25,6 +25,11 @@ def clamp01(x: float) -> float:
     return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
 
 
+def saturating(count: int, saturate_at: int) -> float:
+    """1 for 0, falling linearly to 0 at `saturate_at` (≥ 1) and beyond (Load, QueueDepth)."""
+    return 1.0 - min(max(count, 0), saturate_at) / saturate_at
+
+
 def effective_hit_tokens(req: RequestView, worker_id: str, min_gain: float) -> int:
     """Cached prompt tokens on the worker, or 0 when they cover less than `min_gain` of the prompt
     (the article's minimum cache gain: small matches are ignored so that they cannot cause churn)."""
@@ -107,31 +112,46 @@ class PredictedTtft:
 class ServeCost:
     """What serving the request on `w` costs, in seconds (kvgate's cost model, policy/kvgate.py):
 
-        cost(w) = ttft(w) + miss_weight × own_prefill(w)
+        cost(w) = ttft(w) + (miss_weight + busy) × own_prefill(w)
 
     The second term is the uncached prefill once more, as work the worker's later requests wait for
-    (a greedy per-request TTFT does not see it). `miss_weight` ≥ 0.
+    (a greedy per-request TTFT does not see it). `miss_weight` ≥ 0. `busy` (`busy_weight`, 0 to
+    `busy_weight_max`) is how many of this request's full prefills even the least-loaded candidate already
+    has queued: when every worker is busy, the cluster is work-bound, a recompute delays everyone queued
+    behind it, and a hit is capacity rather than a lost load balance.
     """
 
     ttft: PredictedTtft
     miss_weight: float = 1.0
+    busy_weight_max: float = 0.0
+
+    def busy_weight(self, req: RequestView, workers: Sequence[WorkerView]) -> float:
+        """Queued wait on the least-loaded of `workers`, in units of this request's uncached prefill
+        (capped at `busy_weight_max`); 0 while some worker could start it at once."""
+        if self.busy_weight_max <= 0 or not workers or req.prompt_tokens <= 0:
+            return 0.0
+        model = self.ttft.model
+        wait = min(model.wait_s(w) - model.overhead_s for w in workers)
+        full = model.own_prefill_s(req.prompt_tokens, 0)
+        return min(self.busy_weight_max, max(0.0, wait) / full) if full > 0 else 0.0
 
     def parts(
-        self, req: RequestView, w: WorkerView, hit: int, kept_hit: int | None = None
+        self, req: RequestView, w: WorkerView, hit: int, kept_hit: int | None = None, busy: float = 0.0
     ) -> tuple[float, float, float]:
         """(predicted TTFT, own uncached prefill, cost) of the request on `w` with `hit` cached tokens.
 
         `kept_hit` (default `hit`): the prefix the miss-work term treats as cached. A new replica of a
         hot prefix pays its prefill in this request's TTFT, honestly, but not again as miss work: the
-        replica is an investment later requests draw on, not work they wait for."""
+        replica is an investment later requests draw on, not work they wait for. `busy`: `busy_weight`
+        of the candidates."""
         model = self.ttft.model
         ttft = model.ttft_s(w, req.prompt_tokens - hit, hit, late=self.ttft.late)
         kept = hit if kept_hit is None else max(hit, kept_hit)
         miss = model.own_prefill_s(req.prompt_tokens - kept, kept)
-        return ttft, miss, ttft + self.miss_weight * miss
+        return ttft, miss, ttft + (self.miss_weight + busy) * miss
 
-    def cost_s(self, req: RequestView, w: WorkerView) -> float:
-        return self.parts(req, w, effective_hit_tokens(req, w.id, self.ttft.min_gain))[2]
+    def cost_s(self, req: RequestView, w: WorkerView, busy: float = 0.0) -> float:
+        return self.parts(req, w, effective_hit_tokens(req, w.id, self.ttft.min_gain), busy=busy)[2]
 
 
 def holding_costs_more(
@@ -139,12 +159,21 @@ def holding_costs_more(
 ) -> bool:
     """The affinity rules' limit: True when even the best of `holders` (the workers a rule would keep
     the request on) has a predicted TTFT above the cost of serving the request on the cheapest of
-    `others`, recompute included. No stickiness window, replica cap or cache gain may hold a request
-    past this point."""
+    `others`, recompute included; when every worker is busy, both sides' recompute is valued as
+    capacity (`ServeCost.busy_weight`). No stickiness window,
+    replica cap or cache gain may hold a request past this point."""
     if not holders or not others:
         return False
-    wait = min(cost.ttft.ttfts(req, holders).values())
-    return wait > min(cost.cost_s(req, w) for w in others)
+    busy = cost.busy_weight(req, [*holders, *others])
+    hold = min(_held_cost(cost, req, w, busy) for w in holders)
+    return hold > min(cost.cost_s(req, w, busy) for w in others)
+
+
+def _held_cost(cost: ServeCost, req: RequestView, w: WorkerView, busy: float) -> float:
+    """A holder's predicted TTFT, plus its own uncached prefill valued as capacity when all are busy
+    (`busy`; 0 for a full hit), so that a holder and a non-holder are charged the same recompute."""
+    ttft, miss, _ = cost.parts(req, w, effective_hit_tokens(req, w.id, cost.ttft.min_gain))
+    return ttft + busy * miss
 
 
 @dataclass(frozen=True)
@@ -170,7 +199,7 @@ class Load:
     name: str = "load"
 
     def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
-        return {w.id: 1.0 - min(max(w.inflight, 0), self.saturate_at) / self.saturate_at for w in workers}
+        return {w.id: saturating(w.inflight, self.saturate_at) for w in workers}
 
 
 @dataclass(frozen=True)
@@ -181,7 +210,7 @@ class QueueDepth:
     name: str = "queue-depth"
 
     def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
-        return {w.id: 1.0 - min(max(w.waiting, 0), self.saturate_at) / self.saturate_at for w in workers}
+        return {w.id: saturating(w.waiting, self.saturate_at) for w in workers}
 
 
 @dataclass(frozen=True)

@@ -325,7 +325,7 @@ class _Run:
             self.cluster.engines[wid].clear_cache()
         if req.bypass:  # a client that talks to a worker directly: no gate, no router
             ids = self.cluster.worker_ids
-            self.submit(req, ids[zlib.crc32(req.tenant.encode()) % len(ids)], now)
+            self.submit(req, ids[zlib.crc32(req.tenant.encode()) % len(ids)], now, routed=False)
             return
         verdict = self.gate.admit(req, self.cluster, now)
         if verdict is Verdict.ADMIT:
@@ -337,11 +337,14 @@ class _Run:
     def dispatch(self, req: SimRequest, now: float) -> None:
         self.submit(req, self.router.route(req, self.cluster, now), now)
 
-    def submit(self, req: SimRequest, wid: str, now: float) -> None:
+    def submit(self, req: SimRequest, wid: str, now: float, *, routed: bool = True) -> None:
         engine = self.cluster.engines.get(wid)
         if engine is None:
             raise ValueError(f"router {self.router.name!r} picked unknown worker {wid!r}")
-        self.flaps.observe(req, wid, self.cluster.worker_ids, self.cluster)
+        if routed:
+            self.flaps.observe(req, wid, self.cluster.worker_ids, self.cluster)
+        else:  # not the router's decision: no flap to count, but its prefix was asked for
+            self.flaps.bypass(req, wid)
         record = self.records[req.id]
         record.worker = wid
         record.dispatch_s = now

@@ -12,7 +12,9 @@ instant (the leading blocks up to the key are in its prefix cache). A holder is 
 prefill work already queued on it (`Engine.queued_prefill_tokens`, priced on an idle engine) takes
 longer than what its hit saves this request (cold prefill − prefill after the hit): then recomputing
 the prefix elsewhere is the cheaper choice, and moving is no flap. Spreading a hot prefix over
-replicas that all hold it is no flap either (switch_rate counts that).
+replicas that all hold it is no flap either (switch_rate counts that). Requests that bypass the router
+(the churn scenario's direct clients) are not counted at all: they are no routing decision
+(docs/SIMULATOR.md, "flap_rate and traffic the router never sees").
 """
 
 from __future__ import annotations
@@ -96,6 +98,11 @@ class FlapCounter:
             ):
                 self.flaps += 1
         self.hot.record(req, chosen)
+
+    def bypass(self, req: SimRequest, worker: str) -> None:
+        """`req` reached `worker` without the router (churn's direct clients): it is no routing decision,
+        so it is neither a hot-prefix request nor a flap; its prefix still counts as asked for."""
+        self.hot.record(req, worker)
 
     def reject(self, req: SimRequest) -> None:
         self.hot.record(req, None)

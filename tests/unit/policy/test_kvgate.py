@@ -225,3 +225,18 @@ def test_a_new_replica_pays_its_prefill_shared_by_the_requests_it_will_serve() -
     assert policy.decide(hot, [w("a", 100), w("b", 0)], random.Random(0), 0.0).worker == "a"  # 0.1 s wait
     d = policy.decide(hot, [w("a", 200), w("b", 0)], random.Random(0), 0.0)  # 0.2 s wait: replicate
     assert d.worker == "b" and d.scores["b"]["predicted-ttft"] == pytest.approx(2.0)
+
+
+def test_a_hit_is_capacity_when_every_worker_is_busy() -> None:
+    # a holds half the prompt: TTFT 4 s queued + 1 s = 5 s; b: 2.5 s queued + 2 s = 4.5 s (miss_weight 0).
+    # Both busy: even b has 1.25 full prefills queued, so each second of recompute counts 1.25 s more:
+    # a 5 + 1.25 x 1 = 6.25 s < b 4.5 + 1.25 x 2 = 7 s. The hit wins; load balance would buy nothing.
+    r = req({"a": 2})
+    assert POLICY.decide(r, [w("a", 4000), w("b", 2500)], random.Random(0), 0.0).worker == "a"
+    # the same hit with an idle worker beside it: no busy weight, b's 2 s beat a's 5 s
+    assert POLICY.decide(r, [w("a", 4000), w("b", 0)], random.Random(0), 0.0).worker == "b"
+    # and with the rule off (busy_weight_max 0), b's lower TTFT wins although every worker is busy
+    off = KvgatePolicy(
+        dataclasses.replace(CONFIG, ttft=dataclasses.replace(CONFIG.ttft, busy_weight_max=0.0))
+    )
+    assert off.decide(r, [w("a", 4000), w("b", 2500)], random.Random(0), 0.0).worker == "b"

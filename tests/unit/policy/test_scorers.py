@@ -111,3 +111,17 @@ def test_effective_hit_tokens(worker: str, min_gain: float, expected: int) -> No
 
 def test_prefix_match_empty_prompt_scores_zero() -> None:
     assert PrefixMatch().score(RequestView(id="r"), WORKERS, 0.0) == {"a": 0.0, "b": 0.0, "c": 0.0}
+
+
+def test_busy_weight_counts_the_least_loaded_workers_queue_in_full_prefills() -> None:
+    from policy.scorers import PredictedTtft, ServeCost, TtftModel
+    from policy.types import RequestView, WorkerView
+
+    cost = ServeCost(PredictedTtft(TtftModel(1000.0, 0.0, 0.0, 0.0)), busy_weight_max=4.0)
+    r = RequestView(id="r", prompt_tokens=2000)
+    busy = [WorkerView(id="a", pending_prefill_tokens=6000), WorkerView(id="b", pending_prefill_tokens=3000)]
+    assert cost.busy_weight(r, busy) == 1.5  # b: 3 s queued ÷ 2 s prefill
+    assert cost.busy_weight(r, [*busy, WorkerView(id="c")]) == 0.0  # an idle worker: no pressure
+    flooded = [WorkerView(id="a", pending_prefill_tokens=60_000)]
+    assert cost.busy_weight(r, flooded) == 4.0  # capped
+    assert ServeCost(cost.ttft).busy_weight(r, busy) == 0.0  # off by default

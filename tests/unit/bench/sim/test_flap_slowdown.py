@@ -3,6 +3,8 @@ per-request TTFT floor behind slowdown."""
 
 from __future__ import annotations
 
+import dataclasses
+import zlib
 from collections.abc import Sequence
 
 import pytest
@@ -79,6 +81,17 @@ def test_no_holder_left_is_no_flap() -> None:
     reqs = [hot(0, 0.0), hot(1, 0.0)]
     m = run(reqs, ["w0", "w1"])
     assert m["flap_requests"] == 1 and m["flap_rate"] == 0.0
+
+
+def test_a_request_that_bypasses_the_router_is_no_routing_decision() -> None:
+    # req 2 reaches w1 directly (churn's direct clients) while w0 holds the prefix: not the router's move
+    tenant = next(t for t in (f"t{i}" for i in range(100)) if zlib.crc32(t.encode()) % 2 == 1)
+    direct = dataclasses.replace(hot(2, 10.0), bypass=True, tenant=tenant)
+    m = run([hot(0, 0.0), hot(1, 5.0), direct, hot(3, 15.0)], ["w0", "w0", "-", "w0"])
+    assert m["flap_requests"] == 2 and m["flap_rate"] == 0.0
+    # the same move made by the router is a flap
+    m = run([hot(0, 0.0), hot(1, 5.0), hot(2, 10.0), hot(3, 15.0)], ["w0", "w0", "w1", "w0"])
+    assert m["flap_requests"] == 3 and m["flap_rate"] == pytest.approx(1 / 3)
 
 
 def test_floor_is_the_compulsory_miss_prefill_and_an_idle_run_has_slowdown_one() -> None:
