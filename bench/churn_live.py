@@ -73,8 +73,8 @@ async def _drive(
 
     routed = [r for r, w in plan if w is None]
     direct = [run_open_loop(worker_urls[w], [r for r, x in plan if x == w]) for w in range(len(worker_urls))]
-    results = await asyncio.gather(run_open_loop(gateway, routed), *direct, restart())
-    return results[0]  # type: ignore[no-any-return]
+    results, _, _ = await asyncio.gather(run_open_loop(gateway, routed), asyncio.gather(*direct), restart())
+    return results
 
 
 def run(
