@@ -206,8 +206,8 @@ def multi_tenant(seed: int, n: int = 4000) -> list[SimRequest]:
 def churn(seed: int, n: int = 4000) -> list[SimRequest]:
     """Caches that churn: 800 tenants' 4k-16k-token system prompts (Zipf s = 0.9) + 100-800 unique
     tokens; a fifth of the requests bypass the router (each such tenant's client talks to one worker
-    directly), and worker w0's prefix cache is reset halfway through (a "restart" that, like vLLM's
-    reset_prefix_cache, drops only the blocks no running request pins; docs/SIMULATOR.md).
+    directly), and worker w0 restarts halfway through (`Engine.restart`: its running requests start
+    over and its whole prefix cache is gone).
 
     The reusable working set is ≈11x one worker's KV, 1.4x the 8 workers' pooled KV (pooled-LRU hit
     64 % against 77 % with an infinite cache): the cluster cannot hold it, evictions are constant, and
