@@ -37,7 +37,7 @@ from bench.sim.runner import (
     results_document,
     run_policies,
 )
-from bench.sim.scenarios import UnknownScenario, list_scenarios
+from bench.sim.scenarios import UnknownScenario, default_load, list_scenarios
 from bench.sim.traces import TraceError, WekaOptions
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--load",
         type=float,
-        help="offered load, fraction of cluster capacity (0.8; overload: the steady phase, 0.6)",
+        help="offered load, fraction of cluster capacity (0.8; churn 1.6; overload: the steady phase, 0.6)",
     )
     p.add_argument("--policies", default="all", help="comma-separated policy names, or all (default)")
     p.add_argument(
@@ -188,7 +188,7 @@ def _main(argv: list[str]) -> int:
             if loads:
                 raise UsageError("--sweep does not apply to the overload scenario (it fixes its own load)")
         else:
-            load = 0.8 if args.load is None else args.load
+            load = default_load(args.scenario) if args.load is None else args.load
             workload = prepare_workload(name, requests, profile, args.workers, load)
         sweep_workloads = [prepare_workload(name, requests, profile, args.workers, x) for x in loads]
     except ValueError as e:

@@ -321,8 +321,8 @@ class _Run:
         self.engines_at = until_s
 
     def arrive(self, req: SimRequest, now: float) -> None:
-        for wid in req.restart_before:  # a restart: the worker's prefix cache is gone
-            self.cluster.engines[wid].clear_cache()
+        for wid in req.restart_before:  # a restart: running requests start over, the prefix cache is gone
+            self.cluster.engines[wid].restart(now)
         if req.bypass:  # a client that talks to a worker directly: no gate, no router
             ids = self.cluster.worker_ids
             self.submit(req, ids[zlib.crc32(req.tenant.encode()) % len(ids)], now, routed=False)

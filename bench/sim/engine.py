@@ -81,6 +81,16 @@ class Engine(DecodeSpans):
             self._clock = max(self._clock, now_s)  # idle engine: time jumps to the arrival
         self._next_event_memo = None
 
+    def restart(self, now_s: float) -> None:
+        """The worker restarts at `now_s`: every running request loses its KV and starts over (a
+        recompute preemption, as a client's retry would), and the whole prefix cache is gone ("cleared"
+        for every block). `clear_cache` alone (reset_prefix_cache) keeps the blocks running requests pin."""
+        self._catch_up(now_s)
+        for r in reversed(list(self._running)):  # _preempt puts each at the queue's head: oldest ends first
+            self._preempt(r)
+        self._span = None
+        self.clear_cache()
+
     def abort(self, req_id: RequestId, now_s: float) -> None:
         """The client went away: drop the request and free its blocks; no event. Unknown ids are ignored."""
         self._catch_up(now_s)

@@ -350,3 +350,20 @@ def test_fast_mode_gives_the_reference_events(case: tuple[EngineProfile, list]) 
     aborted = {arg for _, kind, arg in ops if kind == "abort"}
     finished = {e.id: e.output_tokens for e in got if isinstance(e, Finished)}
     assert {rid: out for rid, out in submitted.items() if rid not in aborted}.items() <= finished.items()
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_restart_drops_the_blocks_running_requests_pin_and_they_start_over(reference: bool) -> None:
+    engine = Engine(tiny(), reference=reference, record_kv_events=True)
+    engine.submit(req("done", [1, 2], 1), 0.0)
+    run_all(engine)
+    engine.submit(req("long", [3, 4], 200), 1.0)
+    engine.advance(1.5)  # "long" is decoding: blocks 3 and 4 are cached and pinned
+    assert engine.cached_prefix_keys([3, 4]) == 2
+    engine.clear_cache()  # reset_prefix_cache keeps what a running request pins
+    assert engine.cached_prefix_keys([1]) == 0 and engine.cached_prefix_keys([3, 4]) == 2
+    engine.restart(1.5)
+    assert engine.cached_prefix_keys([3, 4]) == 0
+    assert engine.num_preemptions == 1 and invariant_holds(engine)
+    assert [e.id for e in run_all(engine) if isinstance(e, Finished)] == ["long"]
+    assert invariant_holds(engine) and engine.cached_prefix_keys([3, 4]) == 2

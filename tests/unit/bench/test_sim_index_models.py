@@ -56,3 +56,14 @@ def test_cli_index_adds_index_to_each_run(tmp_path: Path) -> None:
         ("kvgate", "exact"), ("kvgate", "approx"), ("kvgate", "oracle"),
     ]  # fmt: skip
     assert main([*args[:4], "--index", "exact", "--policies", "round_robin"]) == 2
+
+
+def test_churn_working_set_exceeds_the_pooled_cache_and_runs_past_cold_capacity() -> None:
+    from bench.sim.runner import prepare_workload
+    from bench.sim.scenarios import default_load
+
+    profile = load_profile("h100-llama3.1-8b")
+    workload = prepare_workload("churn", build_scenario("churn", 1, None), profile, 8, default_load("churn"))
+    assert workload.cache_pressure > 8 * 1.2  # > 1.2x the 8 workers' pooled KV
+    assert workload.pooled_lru_hit_rate < workload.infinite_hit_rate - 0.08
+    assert default_load("churn") > 1.0 and default_load("multi_tenant") == default_load(None) == 0.8
