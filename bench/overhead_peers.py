@@ -12,6 +12,7 @@ Cells: corpus x prompt size x concurrency.
   sizes     prompt bytes, default 200, 2048, 16384
   requests  one chat user message, max_tokens 16, not streamed, no session id
 
+`mitmdump` is a bare mitmdump reverse proxy (no addon, one worker): the floor kvgate is built on.
 `direct` is the same client against the workers themselves (the client spreads over the 4 in turn):
 a router's added latency is its p50 (mean) minus direct's p50 (mean) in the same cell and pass.
 CPU per 1,000 requests is the router's process tree (the process and its children, from /proc)
@@ -44,7 +45,7 @@ from bench.stack import Stack, StackError, wait_http_ok
 from store.redis_server import free_port
 
 MODEL = "bench-model"
-ROUTERS = ("kvgate", "smg", "sglang", "vllm_router")
+ROUTERS = ("kvgate", "mitmdump", "smg", "sglang", "vllm_router")
 CORPORA = ("hot64", "cold")
 SEED = 0x244  # vllm-router's corpus seed
 POOL = 256
@@ -216,9 +217,29 @@ def start_kvgate(fleet: Fleet, log_dir: Path) -> tuple[RunningRouter, Target]:
     )
 
 
+def start_mitmdump(fleet: Fleet, log_dir: Path) -> tuple[RunningRouter, Target]:
+    """Bare mitmdump reverse proxy (kvgate's settings, no addon) to worker 0: the floor under kvgate."""
+    stack = Stack(log_dir=log_dir)
+    port = free_port()
+    mitmdump = str(Path(sys.executable).with_name("mitmdump"))
+    args = [mitmdump, "--mode", f"reverse:{fleet.urls[0]}", "-p", str(port), "--listen-host", "127.0.0.1",
+            "-q", "--set", "connection_strategy=lazy", "--set", "onboarding=false", "--set", "flow_detail=0",
+            "--set", f"confdir={log_dir}/mitm"]  # fmt: skip
+    try:
+        process = stack.spawn("mitmdump", args)
+        url = f"http://127.0.0.1:{port}"
+        wait_http_ok(f"{url}/health", 30, process.proc)
+    except BaseException:
+        stack.close()
+        raise
+    return RunningRouter("mitmdump", [url], stack), Target("mitmdump", [url], process.proc.pid)
+
+
 def start_target(name: str, fleet: Fleet, log_dir: Path, peers_dir: Path) -> tuple[RunningRouter, Target]:
     if name == "kvgate":
         return start_kvgate(fleet, log_dir)
+    if name == "mitmdump":
+        return start_mitmdump(fleet, log_dir)
     running = start_sglang_family(name, fleet, log_dir, peers_dir)
     pid = running.stack.processes[0].proc.pid
     return running, Target(name, running.urls, pid)
