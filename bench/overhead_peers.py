@@ -334,7 +334,7 @@ def format_cells(cells: Sequence[Cell]) -> str:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="kvgate bench overhead --method vllm-router", description=__doc__)
-    p.add_argument("--method", default="vllm-router")
+    p.add_argument("--method", choices=("vllm-router",), default="vllm-router")
     p.add_argument("--json", type=Path, help="write every cell and the summary here")
     p.add_argument(
         "--routers", default=",".join(ROUTERS), help=f"comma-separated, in order: {', '.join(ROUTERS)}"
