@@ -4,6 +4,8 @@ It answers at once (no engine model), so that in `kvgate bench overhead` the pro
 worker, are what saturates. Non-streaming requests get one small completion; streaming requests
 get `chunks` SSE events written back to back, then a usage event and `[DONE]`.
 
+It also serves vLLM's /tokenize and /render (cheap stand-in token ids), which vllm-router calls.
+
 Run: `python -m bench.echo_upstream --port P [--model M]` (prints nothing; GET /health answers).
 """
 
@@ -52,6 +54,31 @@ async def chat(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+def _token_ids(body: dict[str, object]) -> list[int]:
+    """Cheap stand-in token ids (one per 4 bytes of the prompt text), the same for the same text."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+    else:
+        text = str(body.get("prompt", ""))
+    raw = text.encode()
+    return [int.from_bytes(raw[i : i + 4], "little") % 128_000 for i in range(0, len(raw), 4)]
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """vLLM's /tokenize, so that vllm-router's cache_aware finds what it calls on a vLLM worker."""
+    tokens = _token_ids(await request.json())
+    return web.json_response({"count": len(tokens), "max_model_len": 131072, "tokens": tokens})
+
+
+async def render(request: web.Request) -> web.Response:
+    """vLLM's /v1/chat/completions/render (vllm-router calls it on every worker per request)."""
+    body = await request.json()
+    rendered = {"request_id": "render-0", "model": request.app[MODEL_KEY], "token_ids": _token_ids(body),
+                "stream": False}  # fmt: skip
+    return web.json_response(rendered if request.path.startswith("/v1/chat/") else [rendered])
+
+
 async def health(_: web.Request) -> web.Response:
     return web.Response(text="ok")
 
@@ -71,6 +98,9 @@ def create_app(model: str) -> web.Application:
     app[MODEL_KEY] = model
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/completions", chat)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/v1/chat/completions/render", render)
+    app.router.add_post("/v1/completions/render", render)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)

@@ -225,7 +225,16 @@ def kvgate_config(path: Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
+    if any(a == "--method" or a.startswith("--method=") for a in argv):
+        from bench.overhead_peers import main as peers_main  # vllm-router's method, kvgate and the peers
+
+        return peers_main(argv)
     parser = argparse.ArgumentParser(prog="kvgate bench overhead", description=__doc__)
+    parser.add_argument(
+        "--method", choices=("vllm-router",),
+        help="vllm-router's router-overhead method against SMG, sglang-router and vllm-router "
+        "(bench/overhead_peers.py; its own options: --method vllm-router --help)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--seconds", type=float, default=8.0, help="length of each measurement")
     parser.add_argument("--concurrency", type=int, default=32, help="closed-loop clients at saturation")
