@@ -27,13 +27,17 @@ from plugin.explain import classify
 MODEL = "demo-model"
 
 
-def burst(text: str, n: int, max_tokens: int) -> list[LiveRequest]:
+def burst(
+    text: str, n: int, max_tokens: int, *, model: str = MODEL, wait_ms: int | None = None
+) -> list[LiveRequest]:
+    """n streamed requests at once behind one 3k-word system prompt (shared with the ops-tools e2e test)."""
     system = "You are the burst assistant. " + filler_text(random.Random(5), 3000)
+    headers = {"x-kvgate-max-wait-ms": str(wait_ms)} if wait_ms is not None else {}
     return [
         LiveRequest(
             send_at_s=0.0,
             body={
-                "model": MODEL,
+                "model": model,
                 "max_tokens": max_tokens,
                 "stream": True,
                 "stream_options": {"include_usage": True},
@@ -42,6 +46,7 @@ def burst(text: str, n: int, max_tokens: int) -> list[LiveRequest]:
                     {"role": "user", "content": f"{text} {i}"},
                 ],
             },
+            headers=headers,
         )
         for i in range(n)
     ]

@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
+from bench import load_move
 from bench.ab import start_demo_stack, wait_for_records
-from bench.live_scenarios import TenantPromptsScenario, filler_text
+from bench.live_scenarios import TenantPromptsScenario
 from bench.loadgen import LiveRequest, run_open_loop
 from bench.stack import Stack
 from plugin.explain import classify
@@ -42,27 +43,7 @@ def kvgate(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[s
 
 
 def burst(text: str, n: int, *, wait_ms: int | None = None, max_tokens: int = 64) -> list[LiveRequest]:
-    import random
-
-    system = "You are the burst assistant. " + filler_text(random.Random(5), 3000)
-    headers = {"x-kvgate-max-wait-ms": str(wait_ms)} if wait_ms is not None else {}
-    return [
-        LiveRequest(
-            send_at_s=0.0,
-            body={
-                "model": SCENARIO.model,
-                "max_tokens": max_tokens,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-                "messages": [
-                    {"role": "system", "content": system},
-                    {"role": "user", "content": f"{text} {i}"},
-                ],
-            },
-            headers=headers,
-        )
-        for i in range(n)
-    ]
+    return load_move.burst(text, n, max_tokens, model=SCENARIO.model, wait_ms=wait_ms)
 
 
 @pytest.fixture(scope="module")
