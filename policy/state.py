@@ -8,7 +8,8 @@ The simulator adapter (bench/sim/policy_router.py) and the gateway call exactly 
 
 Held here:
   index      `PrefixIndex` of block hashes per worker. In approximate mode (`insert_on_commit=True`) the
-             routed request's blocks are inserted for its worker at commit; in exact mode KV events fill it.
+             routed request's blocks are inserted for its worker at commit; in exact mode KV events fill it
+             (and a routed request's blocks are speculative for an exact worker: policy/index.py).
   stats      per block hash (bounded LRU, `stats_max_entries`): the worker the prefix ending at that block
              was last routed to, since when it has been on that worker (`since_s`), when it was last seen,
              and its request rate as an EWMA (half-life `rate_half_life_s`; a steady stream of λ req/s
@@ -91,6 +92,7 @@ class RoutingState:
         if len(prefix_hashes) != len(block_tokens):
             raise ValueError("prefix_hashes and block_tokens must have the same length")
         ids = {w.id for w in workers}
+        self.index.expire(now_s)  # speculative entries past their TTL match nothing
         hits: Mapping[str, int] = {w: n for w, n in self.index.match(prefix_hashes).items() if w in ids}
         sticky_worker: str | None = None
         sticky_since: float | None = None
@@ -126,7 +128,7 @@ class RoutingState:
         if worker is None:
             return
         if self.insert_on_commit:
-            self.index.insert(worker, view.prefix_hashes, now_s)
+            self.index.insert_routed(worker, view.prefix_hashes, now_s)
         stats, half_life, step = self.stats, self.config.rate_half_life_s, self._rate_step
         for h in view.prefix_hashes:
             stat = stats.get(h)
