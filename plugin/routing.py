@@ -90,13 +90,16 @@ class ModelRouting:
         exact: bool = False,
         speculative: bool = False,
         speculative_ttl_s: float = 3.0,
+        min_index_tokens: int = 0,
     ) -> None:
         self.exact = exact  # token-block hashes; workers with KV events have the agents' exact entries
         self.blocks_per_token = blocks_per_token
         index = PrefixIndex(
             self._capacity_blocks(DEFAULT_CAPACITY_TOKENS), speculative_ttl_s=speculative_ttl_s
         )
-        self.state = RoutingState(config, index, insert_on_commit=not exact or speculative)
+        self.state = RoutingState(
+            config, index, insert_on_commit=not exact or speculative, min_index_tokens=min_index_tokens
+        )
         # this gateway's R signals per worker, as the simulator keeps them (policy/ledger.py): requests in
         # flight, uncached prefill awaiting its first token, and how late the most overdue of those is
         self.ledger = InflightLedger()
@@ -222,9 +225,14 @@ class Router:
                     exact=True,
                     speculative=self.section.exact_speculative,
                     speculative_ttl_s=self.section.exact_speculative_ttl_ms / 1000,
+                    min_index_tokens=self.section.index_min_prefix_tokens,
                 )
             else:
-                routing = ModelRouting(self.policy_config, CHARS_PER_TOKEN / self.section.chunk_chars)
+                routing = ModelRouting(
+                    self.policy_config,
+                    CHARS_PER_TOKEN / self.section.chunk_chars,
+                    min_index_tokens=self.section.index_min_prefix_tokens,
+                )
             self.models[name] = routing
         return routing
 
@@ -360,6 +368,7 @@ class Router:
             self.section.write_index
             and self.redis is not None
             and route.view.prefix_hashes
+            and routing.state.worth_indexing(route.view.block_tokens)
             and not (routing.exact and index_kind(route.worker) == "exact")
         ):
             self._queue_index_write(route.model, route.worker, route.view.prefix_hashes)

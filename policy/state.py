@@ -51,10 +51,20 @@ class PrefixStat:
 class RoutingState:
     """Routing history: prefix index, per-prefix sticky worker and rate, worker join times."""
 
-    def __init__(self, config: RoutingConfig, index: PrefixIndex, *, insert_on_commit: bool = True) -> None:
+    def __init__(
+        self,
+        config: RoutingConfig,
+        index: PrefixIndex,
+        *,
+        insert_on_commit: bool = True,
+        min_index_tokens: int = 0,
+    ) -> None:
         self.config = config
         self.index = index
         self.insert_on_commit = insert_on_commit
+        # a prefix shorter than this is not worth an index entry (its prefill costs little: the article's
+        # length threshold, §5.3)
+        self.min_index_tokens = min_index_tokens
         self.stats: OrderedDict[int, PrefixStat] = OrderedDict()
         self.joined: dict[str, float] = {}
         self._rate_step = math.log(2) / config.rate_half_life_s
@@ -72,6 +82,10 @@ class RoutingState:
         """A worker left (lease expired, removed): drop its index entries and join time."""
         self.index.clear(worker)
         self.joined.pop(worker, None)
+
+    def worth_indexing(self, block_tokens: Sequence[int]) -> bool:
+        """Whether a prefix of these blocks is long enough to index (`min_index_tokens`)."""
+        return self.min_index_tokens <= 0 or sum(block_tokens) >= self.min_index_tokens
 
     # -- around a decision ---------------------------------------------------------------------------
     def prepare(
@@ -127,7 +141,7 @@ class RoutingState:
         worker = decision.worker
         if worker is None:
             return
-        if self.insert_on_commit:
+        if self.insert_on_commit and self.worth_indexing(view.block_tokens):
             self.index.insert_routed(worker, view.prefix_hashes, now_s)
         stats, half_life, step = self.stats, self.config.rate_half_life_s, self._rate_step
         for h in view.prefix_hashes:

@@ -259,3 +259,16 @@ def test_block_size(configured: int, registered: list[int], expected: int) -> No
     workers = [record(f"w{i}", "http://x", router_block_size=b) for i, b in enumerate(registered)]
     assert router.block_size(MODEL, workers) == expected
     assert router.model(MODEL).blocks_per_token == 1 / expected
+
+
+async def test_a_prefix_shorter_than_the_threshold_writes_no_index_entry(redis: aioredis.Redis) -> None:
+    router = Router(RoutingSection(prefix_mode="exact", index_min_prefix_tokens=64), redis)
+    plain = record("p0", "http://x", capacity_tokens=10_000)
+    for tokens, written in ((48, False), (64, True)):
+        hashes, block_tokens = token_block_hashes(list(range(tokens)), model=MODEL, block_size=16)
+        prompt = Prompt(hashes, block_tokens, tokens, exact=True)
+        route = router.route(request_id=f"r{tokens}", model=MODEL, prompt=prompt, max_tokens=8,
+                             band=Band.NORMAL, tenant="t", workers=[plain])  # fmt: skip
+        assert route is not None
+        assert ((MODEL, "p0") in router._pending_index) is written
+        assert (router.model(MODEL).state.index.size("p0") > 0) is written
