@@ -239,6 +239,7 @@ class WorkerAgent:
             replay_endpoint=self.config.kv_events_replay,
             dp_size=self.config.kv_events_dp_size,
             adapters=self.models[1:],
+            idle_probe_s=self.config.heartbeat_ms / 2000,  # a lost tail batch is back within a heartbeat
         )
         self._consumer_task = spawn(self.consumer.run(), name=f"kv-events-{self.config.id}")
 

@@ -5,14 +5,16 @@
 Per mode (with vLLM's replay socket, without one) an emulated worker with KV events and a real
 `kvgate agent --kv-events` process over an embedded Redis. Each trial warms a fresh prefix, then
 injects one fault on the worker's publisher (`POST /kvgate/kv_faults`) and sends the next request:
-  drop-store   the batch storing a request's blocks is lost;
+  drop-store   the batch storing a request's blocks is lost, the next request's batch shows the gap;
+  drop-last    the same, with no request after it (only the agent's idle replay probe can see it);
   drop-clear   the AllBlocksCleared batch of a cache reset is lost (stale entries if not recovered);
   duplicate    a batch is sent twice;
   reorder      a batch is held back and sent after the next one.
 The truth is what the emulated engine holds (its cache is far larger than the prompts: no eviction).
-Recovery time: from sending the request after the fault until the worker's Redis index equals the
-truth (polled every 5 ms). An index that loses entries it cannot get back (a reset without replay) is
-never equal: the run reports it as not recovered, with the share of the truth it still holds. (After a
+Recovery time: from sending the request after the fault (drop-last: the lost one) until the worker's
+Redis index equals the truth (polled every 5 ms). An index that loses entries it cannot get back (a
+reset without replay) is never equal: the run reports it as not recovered, with the share of the truth
+it still holds. (After a
 reset without replay the agent cannot key a new block whose parent it forgot, so a prefix that extends
 blocks cached before the gap stays out of the index until the engine evicts those blocks.)
 Goal (issue 13): recovered within one heartbeat period.
@@ -43,7 +45,7 @@ from store.redis_server import EmbeddedRedis, free_port
 
 MODEL = "m"
 BLOCK = 16
-FAULTS = ("drop-store", "drop-clear", "duplicate", "reorder")
+FAULTS = ("drop-store", "drop-last", "drop-clear", "duplicate", "reorder")
 POLL_S = 0.005
 
 
@@ -128,12 +130,14 @@ async def run_mode(
                         truth = set()
                     else:
                         lost = body(f"{tag} faulted")
+                        sent = time.perf_counter()
                         await send(lost)
                         truth |= keys_of(lost)
-                    after = body(f"{tag} after")
-                    sent = time.perf_counter()
-                    await send(after)
-                    truth |= keys_of(after)
+                    if fault != "drop-last":
+                        after = body(f"{tag} after")
+                        sent = time.perf_counter()
+                        await send(after)
+                        truth |= keys_of(after)
                     took, index = await wait_until(redis, worker, truth, limit_s)
                     if took is not None:
                         took = time.perf_counter() - sent  # from sending the request, not from its reply

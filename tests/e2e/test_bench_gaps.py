@@ -31,3 +31,4 @@ def test_bench_gaps_recovers_every_fault_with_replay_and_leaves_nothing_stale(tm
     no_replay = {r["fault"]: r for r in runs if not r["replay"]}
     assert no_replay["drop-clear"]["recovered_s"] is not None  # the reset drops the stale entries
     assert no_replay["drop-store"]["recovered_s"] is None  # the lost blocks cannot come back
+    assert no_replay["drop-last"]["recovered_s"] is None  # nothing shows the loss
