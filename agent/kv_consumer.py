@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import redis.asyncio as aioredis
 import zmq
@@ -242,7 +243,8 @@ class KvEventConsumer:
         """Ask each rank's replay socket for batches after the last one seen (a loss no later batch has
         shown yet) and handle them in order; returns how many came back."""
         found = 0
-        for (rank_no, topic), last in list(self.stats.last_seq.items()):
+        for key, last in list(self.stats.last_seq.items()):
+            rank_no, topic = cast(tuple[int, bytes], key)  # handle_message's (rank, topic)
             rank = self.ranks[rank_no]
             if rank.replay is None:
                 continue
