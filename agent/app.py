@@ -213,8 +213,12 @@ class WorkerAgent:
         return self.config.router_block_size or (load.block_size if load and load.block_size > 0 else 16)
 
     def _capacity_blocks(self) -> int:
+        """The bound of this worker's index entries: its KV capacity in router blocks, at most
+        --index-max-blocks (0 = unknown when neither is known: the store's default)."""
         load = self.keeper.last_load
-        return load.capacity_tokens // self.router_block_size() if load else 0
+        capacity = load.capacity_tokens // self.router_block_size() if load else 0
+        bound = self.config.index_max_blocks
+        return min(capacity, bound) if capacity and bound else capacity or bound
 
     async def _on_kv_reset(self, reason: str) -> None:
         for model in self.models:
@@ -237,6 +241,7 @@ class WorkerAgent:
             replay_endpoint=self.config.kv_events_replay,
             dp_size=self.config.kv_events_dp_size,
             adapters=self.models[1:],
+            idle_probe_s=self.config.heartbeat_ms / 2000,  # a lost tail batch is back within a heartbeat
         )
         self._consumer_task = spawn(self.consumer.run(), name=f"kv-events-{self.config.id}")
 

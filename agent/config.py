@@ -32,6 +32,9 @@ class AgentConfig:
     router_block_size: int = 16
     kv_events_replay: str | None = None  # the publisher's replay socket (vLLM's replay_endpoint)
     kv_events_dp_size: int = 1  # data-parallel ranks: one subscription each, at the base port + rank
+    # bound of this worker's exact index entries in Redis (an LRU set with last-active times); 0 = its
+    # KV capacity in router blocks. Smaller keeps the summary small at the cost of forgetting cold blocks
+    index_max_blocks: int = 0
     http_timeout_s: float = 2.0
     listen_host: str = "127.0.0.1"
     listen_port: int = 0  # the agent's own /healthz and /metrics; 0 = any free port
@@ -58,6 +61,7 @@ class AgentConfig:
             ("--max-concurrency", self.max_concurrency, 0),
             ("--router-block-size", self.router_block_size, 0),
             ("--kv-events-dp-size", self.kv_events_dp_size, 1),
+            ("--index-max-blocks", self.index_max_blocks, 0),
             ("--port", self.listen_port, 0),
         ):
             if value < low:
@@ -121,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kv-events-dp-size", type=int, default=1, help="data-parallel ranks publishing (port + rank each)"
     )
+    p.add_argument(
+        "--index-max-blocks",
+        type=int,
+        default=0,
+        help="bound of the worker's index entries in Redis, LRU (0 = its KV capacity in router blocks)",
+    )
     p.add_argument("--http-timeout-s", type=float, default=2.0, help="timeout of each call to the worker")
     p.add_argument("--host", default="127.0.0.1", help="address of the agent's own /healthz and /metrics")
     p.add_argument(
@@ -146,6 +156,7 @@ def parse_args(argv: list[str]) -> AgentConfig:
         router_block_size=args.router_block_size,
         kv_events_replay=args.kv_events_replay,
         kv_events_dp_size=args.kv_events_dp_size,
+        index_max_blocks=args.index_max_blocks,
         http_timeout_s=args.http_timeout_s,
         listen_host=args.host,
         listen_port=args.port,

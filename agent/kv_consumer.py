@@ -9,6 +9,9 @@ A sequence gap (batches lost) is resynced through the worker's replay socket whe
 `replay_endpoint`: a DEALER asks for the missing sequence numbers and applies them in order before the
 batch that showed the gap); when there is none, or the replay cannot supply every missing batch in
 time, that rank's entries are dropped and it starts again from this batch (`on_reset` bumps the epoch).
+A loss at the tail (no later batch shows the gap) is caught by asking the replay socket for what follows
+the last batch seen whenever the publisher has been quiet for `idle_probe_s` (the agent passes half its
+heartbeat period), so the index is whole again within about one heartbeat (`kvgate bench gaps`).
 AllBlocksCleared, or a sequence that goes back (the publisher restarted), drops the rank's entries too.
 With several ranks the worker's index is their union: a key leaves Redis when no rank holds it.
 """
@@ -20,6 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import redis.asyncio as aioredis
 import zmq
@@ -62,6 +66,7 @@ class KvEventStats:
     late: int = 0  # batches older than one already applied (skipped: the gap before it reset the index)
     replays: int = 0  # gaps filled from the replay socket
     replay_failures: int = 0  # gaps the replay could not fill (the rank's entries were reset instead)
+    tail_probes_found: int = 0  # idle probes of the replay socket that found lost tail batches
     last_recovery_s: float = 0.0  # time from seeing the last gap to the index being whole again
     last_seq: dict[object, int] = field(default_factory=dict)
 
@@ -116,6 +121,7 @@ class KvEventConsumer:
         dp_size: int = 1,
         replay_timeout_s: float = REPLAY_TIMEOUT_S,
         adapters: Sequence[str] = (),
+        idle_probe_s: float | None = None,
     ) -> None:
         if dp_size < 1:
             raise ValueError("dp_size must be >= 1")
@@ -140,6 +146,7 @@ class KvEventConsumer:
         self.clock_ms = clock_ms
         self.topic = topic
         self.replay_timeout_s = replay_timeout_s
+        self.idle_probe_s = idle_probe_s  # quiet this long: ask the replay socket for lost tail batches
         self.stats = KvEventStats()
         self.connected = False
         # several ranks: router key -> ranks holding it (the worker's entry is their union)
@@ -162,8 +169,17 @@ class KvEventConsumer:
             poller = zmq.asyncio.Poller()
             for sock in socks:
                 poller.register(sock, zmq.POLLIN)
+            probe_ms = int(1000 * self.idle_probe_s) if self.idle_probe_s else None
+            can_probe = probe_ms is not None and any(r.replay for r in self.ranks)
             while True:
-                ready = dict(await poller.poll())
+                ready = dict(await poller.poll(probe_ms if can_probe else None))
+                if not ready:
+                    try:
+                        await self.probe_tail()
+                    except (RedisError, OSError) as e:
+                        self.stats.write_errors += 1
+                        logger.warning("kv events: index write failed: %s", e)
+                    continue
                 for i, sock in enumerate(socks):
                     if sock not in ready:
                         continue
@@ -223,11 +239,29 @@ class KvEventConsumer:
             await self._clear(state, "kv event publisher restarted")
         await self.apply(batch.events, rank)
 
-    async def _resync(self, rank: _Rank, first: int, end: int) -> bool:
-        """Fetch and apply batches first..end-1 from the rank's replay socket; False if it has none, or
-        the replay misses one of them or takes longer than `replay_timeout_s`."""
-        if rank.replay is None:
-            return False
+    async def probe_tail(self) -> int:
+        """Ask each rank's replay socket for batches after the last one seen (a loss no later batch has
+        shown yet) and handle them in order; returns how many came back."""
+        found = 0
+        for key, last in list(self.stats.last_seq.items()):
+            rank_no, topic = cast(tuple[int, bytes], key)  # handle_message's (rank, topic)
+            rank = self.ranks[rank_no]
+            if rank.replay is None:
+                continue
+            got = await self._fetch(rank, last + 1, None)
+            if got:
+                self.stats.tail_probes_found += 1
+                logger.info("kv events: %d batch(es) after %d on rank %d came from the replay socket",
+                            len(got), last, rank_no)  # fmt: skip
+            for seq in sorted(got):
+                if seq > self.stats.last_seq.get((rank_no, topic), -1):
+                    await self.handle_message([topic, seq.to_bytes(8, "big"), got[seq]], rank=rank_no)
+                    found += 1
+        return found
+
+    async def _fetch(self, rank: _Rank, first: int, end: int | None) -> dict[int, bytes]:
+        """Batches first..end-1 (end None: all from `first`) the rank's replay socket still buffers."""
+        assert rank.replay is not None
         ctx = self._ctx or zmq.asyncio.Context.instance()
         sock = ctx.socket(zmq.DEALER)
         got: dict[int, bytes] = {}
@@ -247,10 +281,18 @@ class KvEventConsumer:
                 if frames[-2] == END_SEQ:
                     break
                 seq = int.from_bytes(frames[-2], "big")
-                if first <= seq < end:
+                if first <= seq and (end is None or seq < end):
                     got[seq] = bytes(frames[-1])
         finally:
             sock.close(linger=0)
+        return got
+
+    async def _resync(self, rank: _Rank, first: int, end: int) -> bool:
+        """Fetch and apply batches first..end-1 from the rank's replay socket; False if it has none, or
+        the replay misses one of them or takes longer than `replay_timeout_s`."""
+        if rank.replay is None:
+            return False
+        got = await self._fetch(rank, first, end)
         if len(got) != end - first:
             self.stats.replay_failures += 1
             return False

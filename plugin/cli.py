@@ -26,6 +26,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "bench.tokenize_bench:main",
         "exact mode: local tokenizer cost and event-loop stall",
     ),
+    ("bench", "index-size"): ("bench.index_size:main", "index bytes in Redis, Bloom false-positive cost"),
     ("bench", "live"): ("bench.live:main", "kvgate and the real peer routers on the same emulated workers"),
     ("bench", "scale"): ("bench.scale:main", "decision time vs workers and index, Redis cost, processes"),
     ("explain",): (

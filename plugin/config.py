@@ -230,6 +230,12 @@ class RoutingSection:
     # exact mode: insert a routed request's blocks into this gateway's mirror at once (not into Redis),
     # until the worker's KV events confirm or remove them; false = only what the agents report
     exact_speculative: bool = True
+    # exact mode: how long a speculative entry lives unless the worker's BlockStored confirms it
+    # (Dynamo, llm-d and vllm-router use 2-5 s)
+    exact_speculative_ttl_ms: int = 3000
+    # a routed request whose prefix blocks cover fewer tokens writes no index entry (short prefixes are
+    # cheap to prefill again; keeps the per-worker summaries small); 0 = every prefix
+    index_min_prefix_tokens: int = 0
     # fleets above candidates_limit workers: a decision scores the prefix's holders (at most that many)
     # plus candidates_sample random others, not every worker (policy/candidates.py; docs/ROUTING.md)
     candidates_limit: int = 64
@@ -254,6 +260,8 @@ class RoutingSection:
         _one_of("routing.prefix_mode", self.prefix_mode, PREFIX_MODES)
         _at_least("routing.exact_block_size", self.exact_block_size, 0)
         _at_least("routing.tokenize_timeout_ms", self.tokenize_timeout_ms, 1)
+        _at_least("routing.exact_speculative_ttl_ms", self.exact_speculative_ttl_ms, 1)
+        _at_least("routing.index_min_prefix_tokens", self.index_min_prefix_tokens, 0)
         _at_least("routing.tokenize_cache_entries", self.tokenize_cache_entries, 0)
         _at_least("routing.candidates_limit", self.candidates_limit, 1)
         _at_least("routing.candidates_sample", self.candidates_sample, 1)

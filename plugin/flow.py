@@ -62,6 +62,9 @@ class Route:
     view: RequestView
     first_token_seen: bool = False
     streamed: bool = True  # a first-token signal comes back before the end (the ledger's lateness)
+    # which index entries the chosen worker's prefix match rested on, at decision time:
+    # exact (KV events) | speculative (routed, not yet confirmed) | approximate (routing history) | none
+    index_kind: str = "none"
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,8 +124,7 @@ class Release:
         ctx.router.finished(route)
         hits = route.view.prefix_hits
         hit = hits.get(route.worker.id, 0)
-        index = ("exact" if ctx.router.is_exact(model) else "approximate") if hit else "none"
-        metrics.reasons.inc(model, route.decision.kind, index, arm)
+        metrics.reasons.inc(model, route.decision.kind, route.index_kind, arm)
         if hits:
             metrics.reachable_blocks.inc(model, arm, by=max(hits.values()))
             metrics.achieved_blocks.inc(model, arm, by=hit)
@@ -147,6 +146,7 @@ class Release:
             hits=route.view.prefix_hits,  # prefix blocks each worker is believed to hold
             prefix_blocks=len(route.view.prefix_hashes),
             hit_blocks=route.view.prefix_hits.get(route.worker.id, 0),
+            index_match=route.index_kind,  # exact | speculative | approximate | none (policy/index.py)
             capacity_tokens=route.worker.capacity_tokens,
         )
         record.update(state.held.record() if state.held is not None else NOT_HELD)

@@ -10,9 +10,12 @@ mode), so other gateways learn the placement without this request waiting for it
 Exact mode (per model, `prefix_mode = "exact"`): before admission, `exact_prompt` replaces the
 request's text-chunk hashes by token-block hashes of its token ids (plugin/tokenize.py: the worker's
 own /tokenize); the index then holds what the agents report from KV events, so it follows the
-workers' real caches, evictions included. Routing writes nothing to Redis; with `exact_speculative`
-the routed blocks enter this gateway's mirror at once, as the worker is about to cache them (the
-KV events confirm or remove them), so a burst of one prefix does not scatter during its first prefill.
+workers' real caches, evictions included. The index is hybrid (policy/index.py, docs/EXACT.md): a
+worker whose agent publishes KV events (a registered router block size) is `exact`, and routing writes
+nothing to Redis for it; with `exact_speculative` its routed blocks enter this gateway's mirror at once
+as speculative entries that live `exact_speculative_ttl_ms` unless its KV events confirm them first, so
+a burst of one prefix does not scatter during its first prefill. A worker without KV events in the
+same pool is `approximate`: its routed blocks (token-block hashes) go to Redis as in approximate mode.
 
 Policies: `kvgate` (policy/kvgate.py), `article` (policy/article.py), and the baselines
 `round_robin` and `least_loaded` (for the demo).
@@ -86,15 +89,22 @@ class ModelRouting:
         *,
         exact: bool = False,
         speculative: bool = False,
+        speculative_ttl_s: float = 3.0,
+        min_index_tokens: int = 0,
     ) -> None:
-        self.exact = exact  # the index is the agents' (KV events); nothing is written to Redis
+        self.exact = exact  # token-block hashes; workers with KV events have the agents' exact entries
         self.blocks_per_token = blocks_per_token
-        index = PrefixIndex(self._capacity_blocks(DEFAULT_CAPACITY_TOKENS))
-        self.state = RoutingState(config, index, insert_on_commit=not exact or speculative)
+        index = PrefixIndex(
+            self._capacity_blocks(DEFAULT_CAPACITY_TOKENS), speculative_ttl_s=speculative_ttl_s
+        )
+        self.state = RoutingState(
+            config, index, insert_on_commit=not exact or speculative, min_index_tokens=min_index_tokens
+        )
         # this gateway's R signals per worker, as the simulator keeps them (policy/ledger.py): requests in
         # flight, uncached prefill awaiting its first token, and how late the most overdue of those is
         self.ledger = InflightLedger()
         self.capacity_set: dict[str, int] = {}
+        self.kind_set: dict[str, str] = {}
 
     @property
     def inflight(self) -> dict[str, int]:
@@ -110,12 +120,18 @@ class ModelRouting:
         return max(1, int(tokens * self.blocks_per_token))
 
     def size_index(self, workers: Sequence[WorkerRecord]) -> None:
-        """Bound each worker's mirrored index entries by its KV capacity (when that changed)."""
+        """Bound each worker's mirrored index entries by its KV capacity, and in exact mode give it its
+        index kind (exact when its agent publishes KV events), when either changed."""
         for w in workers:
             capacity = w.capacity_tokens or DEFAULT_CAPACITY_TOKENS
             if self.capacity_set.get(w.id) != capacity:
                 self.state.index.set_capacity(w.id, self._capacity_blocks(capacity))
                 self.capacity_set[w.id] = capacity
+            if self.exact:
+                kind = index_kind(w)
+                if self.kind_set.get(w.id) != kind:
+                    self.state.index.set_kind(w.id, kind)
+                    self.kind_set[w.id] = kind
 
     def views(self, workers: Sequence[WorkerRecord], now_s: float) -> list[WorkerView]:
         self.size_index(workers)
@@ -139,6 +155,11 @@ class ModelRouting:
                 )
             )
         return out
+
+
+def index_kind(worker: WorkerRecord) -> str:
+    """`exact` for a worker whose agent indexes its KV events (it registers a router block size)."""
+    return "exact" if worker.router_block_size > 0 else "approximate"
 
 
 def load_local_tokenizers(directories: Mapping[str, str]) -> dict[str, LocalTokenizer]:
@@ -199,10 +220,19 @@ class Router:
             if self.is_exact(name):
                 block = self.section.exact_block_size or DEFAULT_BLOCK_SIZE
                 routing = ModelRouting(
-                    self.policy_config, 1 / block, exact=True, speculative=self.section.exact_speculative
+                    self.policy_config,
+                    1 / block,
+                    exact=True,
+                    speculative=self.section.exact_speculative,
+                    speculative_ttl_s=self.section.exact_speculative_ttl_ms / 1000,
+                    min_index_tokens=self.section.index_min_prefix_tokens,
                 )
             else:
-                routing = ModelRouting(self.policy_config, CHARS_PER_TOKEN / self.section.chunk_chars)
+                routing = ModelRouting(
+                    self.policy_config,
+                    CHARS_PER_TOKEN / self.section.chunk_chars,
+                    min_index_tokens=self.section.index_min_prefix_tokens,
+                )
             self.models[name] = routing
         return routing
 
@@ -285,7 +315,13 @@ class Router:
         if decision.worker is None:
             return None
         worker = next(w for w in workers if w.id == decision.worker)
-        return Route(model, worker, self.upstream(worker.url), decision, view, streamed=streamed)
+        route = Route(model, worker, self.upstream(worker.url), decision, view, streamed=streamed)
+        matched = view.prefix_hits.get(worker.id, 0)
+        if not prompt.exact:  # text-chunk hashes: only routing history can match them
+            route.index_kind = "approximate" if matched else "none"
+        else:
+            route.index_kind = routing.state.index.match_kind(worker.id, prompt.hashes, matched)
+        return route
 
     def _candidates(
         self, routing: ModelRouting, prompt: Prompt, workers: Sequence[WorkerRecord]
@@ -324,14 +360,16 @@ class Router:
         self.model(route.model).ledger.dispatch(view.id, worker, uncached, predicted, time.monotonic())
 
     def record(self, route: Route) -> None:
-        """Write the routing history: prefix index (approximate mode), stickiness, prefix rate."""
+        """Write the routing history: prefix index (approximate mode, or in exact mode a worker without KV
+        events), stickiness, prefix rate."""
         routing = self.model(route.model)
         routing.state.commit(route.view, route.decision, time.monotonic())
         if (
             self.section.write_index
             and self.redis is not None
             and route.view.prefix_hashes
-            and not routing.exact
+            and routing.state.worth_indexing(route.view.block_tokens)
+            and not (routing.exact and index_kind(route.worker) == "exact")
         ):
             self._queue_index_write(route.model, route.worker, route.view.prefix_hashes)
 

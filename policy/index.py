@@ -10,26 +10,43 @@ KV capacity), plus the reverse map hash → workers that `match` walks.
                   is evicted from its tail (vLLM evicts the deeper block first on ties, ENGINE.md §3).
 
 Memory: at most Σ capacity(w) entries (each held once per worker in the LRU and once in the reverse map).
+
+Hybrid (exact mode, docs/EXACT.md): each worker has a kind. An `exact` worker's entries come from its
+engine's KV events (`insert`); what routing sends it is `insert_routed` as a *speculative* entry that
+lives `speculative_ttl_s` unless its BlockStored confirms it first (an exact `insert` of the same hash),
+covering the gap between the routing decision and the engine's event. An `approximate` worker (one that
+publishes no events) gets routing history: `insert_routed` is a plain entry. `match_kind` says which kind
+a worker's match rests on: `exact`, `speculative` (some matched block is unconfirmed) or `approximate`.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 
 _NOBODY: frozenset[str] = frozenset()
+KINDS = ("exact", "approximate")
+DEFAULT_SPECULATIVE_TTL_S = 3.0  # Dynamo, llm-d and vllm-router keep theirs 2-5 s
 
 
 class PrefixIndex:
     """Approximate (routing-history) or exact (KV-event) prefix → worker index with per-worker LRUs."""
 
-    def __init__(self, default_capacity_blocks: int) -> None:
+    def __init__(
+        self, default_capacity_blocks: int, *, speculative_ttl_s: float = DEFAULT_SPECULATIVE_TTL_S
+    ) -> None:
         if default_capacity_blocks <= 0:
             raise ValueError(f"default_capacity_blocks must be > 0, not {default_capacity_blocks}")
+        if speculative_ttl_s <= 0:
+            raise ValueError(f"speculative_ttl_s must be > 0, not {speculative_ttl_s}")
         self.default_capacity_blocks = default_capacity_blocks
+        self.speculative_ttl_s = speculative_ttl_s
         self._capacity: dict[str, int] = {}
         self._lru: dict[str, OrderedDict[int, float]] = {}  # worker -> hash -> last touched (s)
         self._holders: dict[int, set[str]] = {}
+        self._kind: dict[str, str] = {}  # worker -> "exact" (publishes KV events); absent = approximate
+        self._speculative: dict[str, dict[int, float]] = {}  # exact worker -> unconfirmed hash -> expiry
+        self._expiries: deque[tuple[float, str, int]] = deque()  # in expiry order (one TTL for all)
 
     # -- configuration -------------------------------------------------------------------------------
     def set_capacity(self, worker: str, blocks: int) -> None:
@@ -41,6 +58,18 @@ class PrefixIndex:
 
     def capacity(self, worker: str) -> int:
         return self._capacity.get(worker, self.default_capacity_blocks)
+
+    def set_kind(self, worker: str, kind: str) -> None:
+        """`exact`: `worker`'s engine publishes KV events; `approximate` (the default): it does not."""
+        if kind not in KINDS:
+            raise ValueError(f"index kind must be one of {KINDS}, not {kind!r}")
+        if kind == "exact":
+            self._kind[worker] = kind
+        elif self._kind.pop(worker, None) is not None:
+            self._speculative.pop(worker, None)  # its unconfirmed entries become plain history
+
+    def kind(self, worker: str) -> str:
+        return self._kind.get(worker, "approximate")
 
     # -- queries -------------------------------------------------------------------------------------
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
@@ -58,6 +87,20 @@ class PrefixIndex:
                 result[w] = i + 1
         return result
 
+    def match_kind(self, worker: str, hashes: Sequence[int], blocks: int) -> str:
+        """Which kind `worker`'s match of the first `blocks` of `hashes` rests on ("none" if no block)."""
+        if blocks <= 0:
+            return "none"
+        if worker not in self._kind:
+            return "approximate"
+        unconfirmed = self._speculative.get(worker)
+        if unconfirmed and any(h in unconfirmed for h in hashes[:blocks]):
+            return "speculative"
+        return "exact"
+
+    def speculative_size(self, worker: str) -> int:
+        return len(self._speculative.get(worker, ()))
+
     def holders(self, block_hash: int) -> frozenset[str]:
         return frozenset(self._holders.get(block_hash, _NOBODY))
 
@@ -73,7 +116,43 @@ class PrefixIndex:
 
     # -- updates -------------------------------------------------------------------------------------
     def insert(self, worker: str, hashes: Sequence[int], now_s: float) -> None:
-        """Record that `worker` holds every block of `hashes` (as of `now_s`)."""
+        """Record that `worker` holds every block of `hashes` (as of `now_s`): confirmed, for an exact one."""
+        unconfirmed = self._speculative.get(worker)
+        if unconfirmed:
+            for h in hashes:
+                unconfirmed.pop(h, None)
+        self._touch(worker, hashes, now_s)
+
+    def insert_routed(self, worker: str, hashes: Sequence[int], now_s: float) -> None:
+        """`hashes` were just routed to `worker`: history for an approximate worker; for an exact one,
+        speculative entries for the blocks it does not hold yet, gone after `speculative_ttl_s` unless
+        its KV events confirm them (blocks it holds are only touched)."""
+        if worker not in self._kind:
+            self._touch(worker, hashes, now_s)
+            return
+        lru = self._lru.get(worker)
+        unconfirmed = self._speculative.setdefault(worker, {})
+        expiry = now_s + self.speculative_ttl_s
+        for h in hashes:
+            if lru is None or h not in lru or h in unconfirmed:
+                unconfirmed[h] = expiry
+                self._expiries.append((expiry, worker, h))
+        self._touch(worker, hashes, now_s)
+
+    def expire(self, now_s: float) -> int:
+        """Drop the speculative entries whose TTL ran out by `now_s`; returns how many."""
+        dropped = 0
+        expiries = self._expiries
+        while expiries and expiries[0][0] <= now_s:
+            expiry, worker, h = expiries.popleft()
+            unconfirmed = self._speculative.get(worker)
+            if unconfirmed is not None and unconfirmed.get(h) == expiry:  # not confirmed nor re-routed since
+                del unconfirmed[h]
+                self._forget(worker, h)
+                dropped += 1
+        return dropped
+
+    def _touch(self, worker: str, hashes: Sequence[int], now_s: float) -> None:
         lru = self._lru.get(worker)
         if lru is None:
             lru = self._lru[worker] = OrderedDict()
@@ -90,14 +169,23 @@ class PrefixIndex:
         lru = self._lru.get(worker)
         if not lru:
             return
+        unconfirmed = self._speculative.get(worker)
         for h in hashes:
             if h in lru:
                 del lru[h]
                 self._drop_holder(h, worker)
+                if unconfirmed:
+                    unconfirmed.pop(h, None)
 
     def clear(self, worker: str) -> None:
         """Forget everything `worker` held (it left, restarted or reported `AllBlocksCleared`)."""
+        self._speculative.pop(worker, None)
         for h in self._lru.pop(worker, OrderedDict()):
+            self._drop_holder(h, worker)
+
+    def _forget(self, worker: str, h: int) -> None:
+        lru = self._lru.get(worker)
+        if lru is not None and lru.pop(h, None) is not None:
             self._drop_holder(h, worker)
 
     def _drop_holder(self, h: int, worker: str) -> None:
@@ -112,6 +200,9 @@ class PrefixIndex:
         if lru is None:
             return
         limit = self.capacity(worker)
+        unconfirmed = self._speculative.get(worker)
         while len(lru) > limit:
             h, _ = lru.popitem(last=False)
             self._drop_holder(h, worker)
+            if unconfirmed:
+                unconfirmed.pop(h, None)

@@ -8,7 +8,8 @@ The simulator adapter (bench/sim/policy_router.py) and the gateway call exactly 
 
 Held here:
   index      `PrefixIndex` of block hashes per worker. In approximate mode (`insert_on_commit=True`) the
-             routed request's blocks are inserted for its worker at commit; in exact mode KV events fill it.
+             routed request's blocks are inserted for its worker at commit; in exact mode KV events fill it
+             (and a routed request's blocks are speculative for an exact worker: policy/index.py).
   stats      per block hash (bounded LRU, `stats_max_entries`): the worker the prefix ending at that block
              was last routed to, since when it has been on that worker (`since_s`), when it was last seen,
              and its request rate as an EWMA (half-life `rate_half_life_s`; a steady stream of λ req/s
@@ -50,10 +51,20 @@ class PrefixStat:
 class RoutingState:
     """Routing history: prefix index, per-prefix sticky worker and rate, worker join times."""
 
-    def __init__(self, config: RoutingConfig, index: PrefixIndex, *, insert_on_commit: bool = True) -> None:
+    def __init__(
+        self,
+        config: RoutingConfig,
+        index: PrefixIndex,
+        *,
+        insert_on_commit: bool = True,
+        min_index_tokens: int = 0,
+    ) -> None:
         self.config = config
         self.index = index
         self.insert_on_commit = insert_on_commit
+        # a prefix shorter than this is not worth an index entry (its prefill costs little: the article's
+        # length threshold, §5.3)
+        self.min_index_tokens = min_index_tokens
         self.stats: OrderedDict[int, PrefixStat] = OrderedDict()
         self.joined: dict[str, float] = {}
         self._rate_step = math.log(2) / config.rate_half_life_s
@@ -71,6 +82,10 @@ class RoutingState:
         """A worker left (lease expired, removed): drop its index entries and join time."""
         self.index.clear(worker)
         self.joined.pop(worker, None)
+
+    def worth_indexing(self, block_tokens: Sequence[int]) -> bool:
+        """Whether a prefix of these blocks is long enough to index (`min_index_tokens`)."""
+        return self.min_index_tokens <= 0 or sum(block_tokens) >= self.min_index_tokens
 
     # -- around a decision ---------------------------------------------------------------------------
     def prepare(
@@ -91,6 +106,7 @@ class RoutingState:
         if len(prefix_hashes) != len(block_tokens):
             raise ValueError("prefix_hashes and block_tokens must have the same length")
         ids = {w.id for w in workers}
+        self.index.expire(now_s)  # speculative entries past their TTL match nothing
         hits: Mapping[str, int] = {w: n for w, n in self.index.match(prefix_hashes).items() if w in ids}
         sticky_worker: str | None = None
         sticky_since: float | None = None
@@ -125,8 +141,8 @@ class RoutingState:
         worker = decision.worker
         if worker is None:
             return
-        if self.insert_on_commit:
-            self.index.insert(worker, view.prefix_hashes, now_s)
+        if self.insert_on_commit and self.worth_indexing(view.block_tokens):
+            self.index.insert_routed(worker, view.prefix_hashes, now_s)
         stats, half_life, step = self.stats, self.config.rate_half_life_s, self._rate_step
         for h in view.prefix_hashes:
             stat = stats.get(h)

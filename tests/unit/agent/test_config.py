@@ -19,6 +19,7 @@ def test_defaults_and_derived_values() -> None:
     )
     assert parse_args([*BASE, "--worker-id", "gpu-3", "--heartbeat-ms", "500"]).lease_ms == 2000
     assert parse_args([*BASE, "--worker-id", "gpu-3"]).id == "gpu-3"
+    assert parse_args([*BASE, "--index-max-blocks", "5000"]).index_max_blocks == 5000
 
 
 def test_redis_url_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,6 +37,7 @@ def test_redis_url_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.param(["--lease-periods", "1"], "--lease-periods", id="lease of one period"),
         pytest.param(["--kv-events", "localhost:5557"], "--kv-events", id="kv events not a zmq endpoint"),
         pytest.param(["--http-timeout-s", "0"], "--http-timeout-s", id="zero timeout"),
+        pytest.param(["--index-max-blocks", "-1"], "--index-max-blocks", id="negative index bound"),
     ],
 )
 def test_bad_values_name_the_flag(extra: list[str], flag: str) -> None:

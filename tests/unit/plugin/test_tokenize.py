@@ -15,7 +15,7 @@ from aiohttp import web
 
 from bench.emulator.tokenizer import render_chat, tokenize
 from plugin.config import RoutingSection
-from plugin.flow import Prompt
+from plugin.flow import Prompt, Route
 from plugin.metrics import GatewayMetrics
 from plugin.prefix_memo import hash_prompt
 from plugin.routing import Router
@@ -216,11 +216,34 @@ async def test_speculative_entries(speculative: bool, entries: int, redis: aiore
     router = Router(RoutingSection(prefix_mode="exact", exact_speculative=speculative), redis)
     hashes, tokens = token_block_hashes(list(range(64)), model=MODEL, block_size=16)
     prompt = Prompt(hashes, tokens, 64, exact=True)
-    workers = [record("w0", "http://x", capacity_tokens=10_000)]
+    workers = [record("w0", "http://x", capacity_tokens=10_000, router_block_size=16)]  # KV events
     route = router.route(request_id="r", model=MODEL, prompt=prompt, max_tokens=8, band=Band.NORMAL,
                          tenant="t", workers=workers)  # fmt: skip
     assert route is not None and router.model(MODEL).state.index.size("w0") == entries
-    assert not router._pending_index  # exact mode never writes the shared index (approximate would)
+    assert router.model(MODEL).state.index.speculative_size("w0") == entries
+    assert not router._pending_index  # a worker with KV events: nothing written to the shared index
+
+
+async def test_a_worker_without_kv_events_gets_routing_history_in_exact_mode(redis: aioredis.Redis) -> None:
+    """Hybrid index: in an exact-mode pool a worker whose agent publishes no events is indexed from
+    routing history (token-block hashes, written to Redis as approximate mode does); the route says
+    which kind of entry its match rested on."""
+    router = Router(RoutingSection(prefix_mode="exact"), redis)
+    hashes, tokens = token_block_hashes(list(range(64)), model=MODEL, block_size=16)
+    prompt = Prompt(hashes, tokens, 64, exact=True)
+    plain = record("p0", "http://x", capacity_tokens=10_000)  # no router block size: no KV events
+
+    def route_once(i: int) -> Route:
+        route = router.route(request_id=f"r{i}", model=MODEL, prompt=prompt, max_tokens=8,
+                             band=Band.NORMAL, tenant="t", workers=[plain])  # fmt: skip
+        assert route is not None
+        router.finished(route)
+        return route
+
+    assert route_once(0).index_kind == "none"
+    assert router._pending_index[(MODEL, "p0")][1] == list(hashes)
+    assert route_once(1).index_kind == "approximate"
+    assert router.model(MODEL).state.index.speculative_size("p0") == 0
 
 
 @pytest.mark.parametrize(
@@ -236,3 +259,16 @@ def test_block_size(configured: int, registered: list[int], expected: int) -> No
     workers = [record(f"w{i}", "http://x", router_block_size=b) for i, b in enumerate(registered)]
     assert router.block_size(MODEL, workers) == expected
     assert router.model(MODEL).blocks_per_token == 1 / expected
+
+
+async def test_a_prefix_shorter_than_the_threshold_writes_no_index_entry(redis: aioredis.Redis) -> None:
+    router = Router(RoutingSection(prefix_mode="exact", index_min_prefix_tokens=64), redis)
+    plain = record("p0", "http://x", capacity_tokens=10_000)
+    for tokens, written in ((48, False), (64, True)):
+        hashes, block_tokens = token_block_hashes(list(range(tokens)), model=MODEL, block_size=16)
+        prompt = Prompt(hashes, block_tokens, tokens, exact=True)
+        route = router.route(request_id=f"r{tokens}", model=MODEL, prompt=prompt, max_tokens=8,
+                             band=Band.NORMAL, tenant="t", workers=[plain])  # fmt: skip
+        assert route is not None
+        assert ((MODEL, "p0") in router._pending_index) is written
+        assert (router.model(MODEL).state.index.size("p0") > 0) is written

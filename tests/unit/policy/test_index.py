@@ -68,3 +68,53 @@ def test_bad_capacity_raises() -> None:
         PrefixIndex(0)
     with pytest.raises(ValueError):
         PrefixIndex(1).set_capacity("a", 0)
+
+
+def test_hybrid_entries_speculative_until_confirmed_then_exact() -> None:
+    """An exact worker's routed blocks are speculative for the TTL; its BlockStored confirms them."""
+    idx = PrefixIndex(100, speculative_ttl_s=2.0)
+    idx.set_kind("e", "exact")
+    idx.insert_routed("e", [1, 2, 3], now_s=0.0)
+    idx.insert_routed("a", [1, 2], now_s=0.0)  # approximate worker: plain routing history
+    assert idx.match([1, 2, 3]) == {"e": 3, "a": 2}
+    assert idx.match_kind("e", [1, 2, 3], 3) == "speculative"
+    assert idx.match_kind("a", [1, 2, 3], 2) == "approximate"
+    assert idx.match_kind("a", [1, 2, 3], 0) == "none"
+    idx.insert("e", [1, 2], now_s=1.0)  # the engine stored blocks 1, 2 (not 3)
+    assert idx.match_kind("e", [1, 2, 3], 2) == "exact"
+    assert idx.match_kind("e", [1, 2, 3], 3) == "speculative"
+    assert idx.expire(1.9) == 0
+    assert idx.expire(2.0) == 1  # block 3 was never confirmed
+    assert idx.match([1, 2, 3]) == {"e": 2, "a": 2}
+    assert idx.speculative_size("e") == 0 and idx.size("a") == 2  # approximate entries do not expire
+
+
+def test_re_routing_refreshes_a_speculative_entry_and_removal_wins() -> None:
+    idx = PrefixIndex(100, speculative_ttl_s=2.0)
+    idx.set_kind("e", "exact")
+    idx.insert_routed("e", [1, 2], now_s=0.0)
+    idx.insert_routed("e", [1, 2], now_s=1.5)  # routed again: lives until 3.5
+    assert idx.expire(2.5) == 0 and idx.match([1, 2]) == {"e": 2}
+    idx.remove("e", [2])  # BlockRemoved of an unconfirmed block
+    assert idx.speculative_size("e") == 1 and idx.expire(3.5) == 1 and idx.match([1]) == {}
+    idx.insert("e", [7], now_s=4.0)
+    idx.insert_routed("e", [7], now_s=4.0)  # held exactly: only touched, stays exact
+    assert idx.speculative_size("e") == 0 and idx.expire(100.0) == 0 and idx.match([7]) == {"e": 1}
+
+
+def test_eviction_and_clear_drop_speculative_marks_and_a_kind_back_to_approximate() -> None:
+    idx = PrefixIndex(2, speculative_ttl_s=2.0)
+    idx.set_kind("e", "exact")
+    idx.insert_routed("e", [1, 2, 3], now_s=0.0)  # capacity 2: block 3 (the tail) is evicted
+    assert idx.size("e") == 2 and idx.speculative_size("e") == 2
+    idx.clear("e")
+    assert idx.speculative_size("e") == 0 and idx.expire(10.0) == 0
+    idx.insert_routed("e", [5], now_s=0.0)
+    idx.set_kind("e", "approximate")  # its agent stopped publishing: the entry is plain history
+    assert (
+        idx.expire(10.0) == 0 and idx.match([5]) == {"e": 1} and idx.match_kind("e", [5], 1) == "approximate"
+    )
+    with pytest.raises(ValueError, match="index kind"):
+        idx.set_kind("e", "oracle")
+    with pytest.raises(ValueError, match="speculative_ttl_s"):
+        PrefixIndex(1, speculative_ttl_s=0)
