@@ -65,9 +65,10 @@ from plugin.local import LocalEndpoints
 from plugin.metrics import GatewayMetrics
 from plugin.metrics_server import DEFAULT_METRICS_PORT, MetricsServer
 from plugin.mirror import ClusterMirror
+from plugin.open_admission import OpenShare
 from plugin.prefix_memo import PromptHasher
 from plugin.process_state import ProcessState
-from plugin.quotas import ensure_quotas
+from plugin.quotas import configured_quota, ensure_quotas
 from plugin.release import Release
 from plugin.releaser import Releaser
 from plugin.routing import Router
@@ -116,6 +117,7 @@ class KvGate:
         self._profiler: cProfile.Profile | None = None
         self.metrics_server: MetricsServer | None = None  # the metrics port (plugin/metrics_server.py)
         self._refresh_task: asyncio.Task[None] | None = None
+        self.open_share: OpenShare | None = None  # gateway.redis_failure = "open" (plugin/open_admission.py)
 
     def _wire(self, pool: SlotPool, releaser: Releaser) -> None:
         """Hand the services to the request-path parts, as one frozen bundle.
@@ -132,7 +134,7 @@ class KvGate:
             gateway_id=self.gateway_id, config=self.config, auth=self.auth, metrics=self.metrics,
             workers=self.workers, router=self.router, hasher=self.hasher, pool=pool, releaser=releaser,
             pressure=self.pressure, decisions=self.decisions, process=self.process, local=self.local,
-            sessions=self.sessions,
+            sessions=self.sessions, open_share=self.open_share,
         )  # fmt: skip
         dispatch = Dispatch(
             collect_usage=self.config.streaming.collect_usage, metrics=self.metrics,
@@ -304,6 +306,13 @@ class KvGate:
                 period_s=config.admission.audit_every_ms / 1000, threshold=config.admission.drift_warn,
             )  # fmt: skip
             await self.auditor.start()
+        if config.gateway.redis_failure == "open":
+            self.open_share = OpenShare(
+                self.redis, self.pool, gateway_id=self.gateway_id, period_s=config.routing.refresh_ms / 1000,
+                models=lambda: [*(self.mirror.models() if self.mirror else ()), *config.models],
+                configured_total=self._configured_total,
+            )  # fmt: skip
+            await self.open_share.start()
         self._wire(self.pool, self.releaser)
         with contextlib.suppress(NotImplementedError, RuntimeError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._on_sigterm)
@@ -342,7 +351,10 @@ class KvGate:
             self.metrics_server = None
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+        if self.open_share is not None:
+            await self.open_share.leave()
         parts = (
+            self.open_share,
             self.queue_signal,
             self.auditor,
             self.mirror,
@@ -378,6 +390,12 @@ class KvGate:
             return
         if self._quota_task is None or self._quota_task.done():
             self._quota_task = spawn(self._ensure_quotas(models), name="kvgate-ensure-quotas")
+
+    def _configured_total(self, model: str) -> int | None:
+        """The total this gateway would write for `model` (None = unlimited)."""
+        if self.mirror is None:
+            return None
+        return configured_quota(self.config, self.mirror, model).total
 
     async def _quota_missing(self, model: str) -> None:
         """An acquire found `model`'s quota hash gone: write the configured one now."""

@@ -140,6 +140,13 @@ class GatewayMetrics:
             "Requests that asked for a band above their tenant's max_band (clamped to it).",
             ("tenant",),
         )
+        self.open_admissions = Counter(
+            r,
+            "kvgate_open_admissions_total",
+            "Requests that found Redis unreachable in redis_failure = open: admitted within this "
+            "gateway's local share, or refused past it (outcome: admitted, share_full).",
+            ("model", "outcome"),
+        )
         self.retried = Counter(
             r,
             "kvgate_connect_retries_total",
