@@ -56,6 +56,7 @@ from plugin.errors import (
     install_connect_retry,
     install_json_protocol_errors,
     install_oversized_body_drain,
+    install_retry_before_first_byte,
     install_sse_error_on_broken_stream,
     openai_error,
 )
@@ -224,6 +225,10 @@ class KvGate:
             logger.warning("kvgate: a request whose worker refuses the connection is not routed again")
         if not install_sse_error_on_broken_stream():
             logger.warning("kvgate: a stream its worker breaks off ends without an SSE error event")
+        if not install_retry_before_first_byte(
+            lambda flow: self.retarget(flow, "broke the connection before its first byte")
+        ):
+            logger.warning("kvgate: a request whose worker breaks before its first byte is not routed again")
         if not install_oversized_body_drain(self.config.limits.max_body_bytes):
             logger.warning("kvgate: an oversized body without Expect: 100-continue may hang its client")
         self.gateway_id = opts.kvgate_gateway_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -425,9 +430,11 @@ class KvGate:
         except (RedisError, OSError) as e:  # the periodic renewal tries again
             logger.warning("kvgate: taking leases back after a Redis restart failed: %s", e)
 
-    def retarget(self, flow: http.HTTPFlow) -> bool:
-        """The flow's worker refused the connection (nothing was sent): point the flow at the routing
-        choice among the other routable workers. Its lease stays as placed (released as placed)."""
+    def retarget(self, flow: http.HTTPFlow, why: str = "refused the connection") -> bool:
+        """The flow's worker refused the connection, or broke it before its first response byte
+        (nothing reached the client): point the flow at the routing choice among the other routable
+        workers. This gateway's in-flight count moves with it; its lease stays as placed (released
+        once, as placed, so the old worker's seat count in Redis comes back exactly)."""
         state = state_of(flow)
         if state is None or state.route is None or state.parsed is None or state.caller is None:
             return False
@@ -452,8 +459,8 @@ class KvGate:
         up = route.upstream
         flow.request.scheme, flow.request.data.host, flow.request.port = up.scheme, up.host, up.port
         self.metrics.retried.inc(old.model, old.worker.id)
-        logger.info("request %s: worker %s refused the connection; routed to %s",
-                    state.request_id, old.worker.id, route.worker.id)  # fmt: skip
+        logger.info("request %s: worker %s %s; routed to %s",
+                    state.request_id, old.worker.id, why, route.worker.id)  # fmt: skip
         return True
 
     # -- client disconnects while queued -------------------------------------------------------------
