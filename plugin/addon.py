@@ -340,7 +340,7 @@ class KvGate:
                 self.metrics.registry, self.local.readiness, host, max(port, 0)
             ).start()
         except OSError as e:  # a warning, not an error: mitmproxy exits on an error logged at start
-            logger.warning("kvgate: metrics port %s:%s not opened (%s); /metrics stays on the proxy port",
+            logger.warning("kvgate: metrics port %s:%s not opened (%s); no /metrics or /healthz",
                            host, port, e)  # fmt: skip
             return
         self._refresh_task = spawn(self.local.refresh_forever(1.0), name="kvgate-metrics-refresh")

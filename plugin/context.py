@@ -39,6 +39,6 @@ class GatewayContext:
     pressure: PressureTracker  # sheds low priority under sustained pressure
     decisions: DecisionLog  # one record per finished request
     process: ProcessState  # draining; who waits for admission
-    local: LocalEndpoints  # /v1/models, /healthz, /metrics
+    local: LocalEndpoints  # /v1/models, /readyz
     sessions: SessionAffinity  # explicit session affinity: bindings in Redis (plugin/sessions.py)
     open_share: OpenShare | None = None  # redis_failure = "open": the local share (plugin/open_admission.py)

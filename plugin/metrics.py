@@ -3,7 +3,7 @@
 Each metric keeps the prometheus-client child of every label set it has seen, so the hot path pays
 one dict lookup and the child's locked add per observation. `_created` series are off (they double
 every counter's series and no dashboard reads them). The registry is served at /metrics on the
-metrics port (plugin/metrics_server.py) and on the proxy port.
+metrics port (plugin/metrics_server.py) only.
 """
 
 from __future__ import annotations
