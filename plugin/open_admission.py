@@ -74,7 +74,8 @@ class OpenShare:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        await self.beat()
+        with contextlib.suppress(RedisError, OSError):  # the loop tries again
+            await self.beat()
         self._task = spawn(self._beat_forever(), name="kvgate-open-presence")
 
     async def close(self) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -31,23 +30,12 @@ redis_failure = "open"
 
 [models."{MODEL}"]
 total = 4
-
 [routing]
 refresh_ms = 100
-
 [admission]
 lease_ms = 4000
 renew_every_ms = 500
 """
-
-
-@pytest.fixture
-async def redis_proc() -> AsyncIterator[RedisProcess]:
-    proc = RedisProcess().start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 async def _used(url: str) -> tuple[int, int]:
@@ -61,8 +49,16 @@ async def _used(url: str) -> tuple[int, int]:
 
 
 async def test_open_mode_admits_a_local_share_and_reconciles_on_recovery(
-    redis_proc: RedisProcess, upstream: SseUpstream, tmp_path: Path
+    upstream: SseUpstream, tmp_path: Path
 ) -> None:
+    redis_proc = RedisProcess().start()
+    try:
+        await _scenario(redis_proc, upstream, tmp_path)
+    finally:
+        redis_proc.stop()
+
+
+async def _scenario(redis_proc: RedisProcess, upstream: SseUpstream, tmp_path: Path) -> None:
     config = tmp_path / "kvgate.toml"
     config.write_text(CONFIG)
     a, b = (
