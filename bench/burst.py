@@ -318,7 +318,7 @@ async def run(stack: Stack, cfg: BurstConfig) -> dict[str, Any]:
     stop.set()
     peak_sampled = await sampler
     held_after = await leases_after(stack, cfg)
-    high_wait = admission_wait(stack.gateway_urls, "high")
+    high_wait = admission_wait([stack.metrics_urls[u] for u in stack.gateway_urls], "high")
     high_burst_ids = {
         str(q.headers["x-request-id"])
         for q in load

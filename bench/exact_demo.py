@@ -51,9 +51,9 @@ def wait_routable(gateway: str, count: int, timeout_s: float = 30.0) -> None:
     raise RuntimeError(f"{gateway} did not see {count} live workers in {timeout_s} s")
 
 
-def gateway_metrics(gateway: str) -> dict[str, float]:
-    """Sums of the exact-mode samples in the gateway's /metrics."""
-    with urllib.request.urlopen(f"{gateway}/metrics", timeout=5) as resp:
+def gateway_metrics(metrics_url: str) -> dict[str, float]:
+    """Sums of the exact-mode samples in the gateway's /metrics (on its metrics port)."""
+    with urllib.request.urlopen(f"{metrics_url}/metrics", timeout=5) as resp:
         text = resp.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -81,7 +81,7 @@ def run(
     results = asyncio.run(run_open_loop(gateway, requests))
     wall_s = time.perf_counter() - started
     hits1, queries1 = prefix_cache_counters(stack.worker_urls)
-    extra = gateway_metrics(gateway)
+    extra = gateway_metrics(stack.metrics_urls[gateway])
     # spread: distinct (system prompt, worker) pairs the requests used (12 = each tenant on one worker)
     extra["placements"] = len(
         {(json.dumps(q.body["messages"][0]), r.worker) for q, r in zip(requests, results, strict=True)}  # type: ignore[index]

@@ -121,20 +121,20 @@ def start_kvgate(fleet: Fleet, log_dir: Path, peers_dir: Path, gateways: int = 1
         for i, url in enumerate(fleet.urls):
             stack.start_agent(f"w{i}", url, model=fleet.model)
         urls = [stack.start_gateway(f"g{g}") for g in range(gateways)]
-        _wait_registered(urls[0], fleet.model, len(fleet.urls))
+        _wait_registered(stack.metrics_urls[urls[0]], fleet.model, len(fleet.urls))
     except BaseException:
         stack.close()
         raise
     return RunningRouter("kvgate" if gateways == 1 else f"kvgate_x{gateways}", urls, stack)
 
 
-def _wait_registered(gateway: str, model: str, workers: int, timeout_s: float = 30.0) -> None:
+def _wait_registered(metrics_url: str, model: str, workers: int, timeout_s: float = 30.0) -> None:
     """Until the gateway's mirror has every worker routable (its kvgate_workers gauge)."""
     deadline = time.monotonic() + timeout_s
     wanted = f'kvgate_workers{{model="{model}",state="routable"}}'
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"{gateway}/metrics", timeout=2) as resp:
+            with urllib.request.urlopen(f"{metrics_url}/metrics", timeout=2) as resp:
                 text = resp.read().decode()
             for line in text.splitlines():
                 if line.startswith(wanted) and float(line.rsplit(" ", 1)[1]) >= workers:
@@ -142,7 +142,7 @@ def _wait_registered(gateway: str, model: str, workers: int, timeout_s: float = 
         except (OSError, ValueError):
             pass
         time.sleep(0.2)
-    raise StackError(f"{gateway}: {workers} workers of {model} not routable after {timeout_s} s")
+    raise StackError(f"{metrics_url}: {workers} workers of {model} not routable after {timeout_s} s")
 
 
 def _spawn_http(stack: Stack, name: str, args: Sequence[str], health: str, timeout_s: float = 60) -> str:

@@ -56,6 +56,7 @@ from plugin.errors import (
     install_connect_retry,
     install_json_protocol_errors,
     install_oversized_body_drain,
+    install_retry_before_first_byte,
     install_sse_error_on_broken_stream,
     openai_error,
 )
@@ -65,9 +66,10 @@ from plugin.local import LocalEndpoints
 from plugin.metrics import GatewayMetrics
 from plugin.metrics_server import DEFAULT_METRICS_PORT, MetricsServer
 from plugin.mirror import ClusterMirror
+from plugin.open_admission import OpenShare
 from plugin.prefix_memo import PromptHasher
 from plugin.process_state import ProcessState
-from plugin.quotas import ensure_quotas
+from plugin.quotas import configured_quota, ensure_quotas
 from plugin.release import Release
 from plugin.releaser import Releaser
 from plugin.routing import Router
@@ -116,6 +118,7 @@ class KvGate:
         self._profiler: cProfile.Profile | None = None
         self.metrics_server: MetricsServer | None = None  # the metrics port (plugin/metrics_server.py)
         self._refresh_task: asyncio.Task[None] | None = None
+        self.open_share: OpenShare | None = None  # gateway.redis_failure = "open" (plugin/open_admission.py)
 
     def _wire(self, pool: SlotPool, releaser: Releaser) -> None:
         """Hand the services to the request-path parts, as one frozen bundle.
@@ -132,7 +135,7 @@ class KvGate:
             gateway_id=self.gateway_id, config=self.config, auth=self.auth, metrics=self.metrics,
             workers=self.workers, router=self.router, hasher=self.hasher, pool=pool, releaser=releaser,
             pressure=self.pressure, decisions=self.decisions, process=self.process, local=self.local,
-            sessions=self.sessions,
+            sessions=self.sessions, open_share=self.open_share,
         )  # fmt: skip
         dispatch = Dispatch(
             collect_usage=self.config.streaming.collect_usage, metrics=self.metrics,
@@ -222,6 +225,10 @@ class KvGate:
             logger.warning("kvgate: a request whose worker refuses the connection is not routed again")
         if not install_sse_error_on_broken_stream():
             logger.warning("kvgate: a stream its worker breaks off ends without an SSE error event")
+        if not install_retry_before_first_byte(
+            lambda flow: self.retarget(flow, "broke the connection before its first byte")
+        ):
+            logger.warning("kvgate: a request whose worker breaks before its first byte is not routed again")
         if not install_oversized_body_drain(self.config.limits.max_body_bytes):
             logger.warning("kvgate: an oversized body without Expect: 100-continue may hang its client")
         self.gateway_id = opts.kvgate_gateway_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -304,6 +311,13 @@ class KvGate:
                 period_s=config.admission.audit_every_ms / 1000, threshold=config.admission.drift_warn,
             )  # fmt: skip
             await self.auditor.start()
+        if config.gateway.redis_failure == "open":
+            self.open_share = OpenShare(
+                self.redis, self.pool, gateway_id=self.gateway_id, period_s=config.routing.refresh_ms / 1000,
+                models=lambda: [*(self.mirror.models() if self.mirror else ()), *config.models],
+                configured_total=self._configured_total,
+            )  # fmt: skip
+            await self.open_share.start()
         self._wire(self.pool, self.releaser)
         with contextlib.suppress(NotImplementedError, RuntimeError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._on_sigterm)
@@ -326,7 +340,7 @@ class KvGate:
                 self.metrics.registry, self.local.readiness, host, max(port, 0)
             ).start()
         except OSError as e:  # a warning, not an error: mitmproxy exits on an error logged at start
-            logger.warning("kvgate: metrics port %s:%s not opened (%s); /metrics stays on the proxy port",
+            logger.warning("kvgate: metrics port %s:%s not opened (%s); no /metrics or /healthz",
                            host, port, e)  # fmt: skip
             return
         self._refresh_task = spawn(self.local.refresh_forever(1.0), name="kvgate-metrics-refresh")
@@ -342,7 +356,10 @@ class KvGate:
             self.metrics_server = None
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+        if self.open_share is not None:
+            await self.open_share.leave()
         parts = (
+            self.open_share,
             self.queue_signal,
             self.auditor,
             self.mirror,
@@ -379,6 +396,12 @@ class KvGate:
         if self._quota_task is None or self._quota_task.done():
             self._quota_task = spawn(self._ensure_quotas(models), name="kvgate-ensure-quotas")
 
+    def _configured_total(self, model: str) -> int | None:
+        """The total this gateway would write for `model` (None = unlimited)."""
+        if self.mirror is None:
+            return None
+        return configured_quota(self.config, self.mirror, model).total
+
     async def _quota_missing(self, model: str) -> None:
         """An acquire found `model`'s quota hash gone: write the configured one now."""
         await self._ensure_quotas([model])
@@ -407,9 +430,11 @@ class KvGate:
         except (RedisError, OSError) as e:  # the periodic renewal tries again
             logger.warning("kvgate: taking leases back after a Redis restart failed: %s", e)
 
-    def retarget(self, flow: http.HTTPFlow) -> bool:
-        """The flow's worker refused the connection (nothing was sent): point the flow at the routing
-        choice among the other routable workers. Its lease stays as placed (released as placed)."""
+    def retarget(self, flow: http.HTTPFlow, why: str = "refused the connection") -> bool:
+        """The flow's worker refused the connection, or broke it before its first response byte
+        (nothing reached the client): point the flow at the routing choice among the other routable
+        workers. This gateway's in-flight count moves with it; its lease stays as placed (released
+        once, as placed, so the old worker's seat count in Redis comes back exactly)."""
         state = state_of(flow)
         if state is None or state.route is None or state.parsed is None or state.caller is None:
             return False
@@ -434,8 +459,8 @@ class KvGate:
         up = route.upstream
         flow.request.scheme, flow.request.data.host, flow.request.port = up.scheme, up.host, up.port
         self.metrics.retried.inc(old.model, old.worker.id)
-        logger.info("request %s: worker %s refused the connection; routed to %s",
-                    state.request_id, old.worker.id, route.worker.id)  # fmt: skip
+        logger.info("request %s: worker %s %s; routed to %s",
+                    state.request_id, old.worker.id, why, route.worker.id)  # fmt: skip
         return True
 
     # -- client disconnects while queued -------------------------------------------------------------

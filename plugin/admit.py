@@ -10,24 +10,30 @@ waiting for a worker is released) and the flow is killed, so it never reaches a 
 or an exhausted wait budget answers 429 with `Retry-After` and the estimated wait.
 Under sustained pressure (policy/pressure.py) a low-priority request is shed at the door: 429
 `shed` with an `x-kvgate-shed` header, before it takes a seat or a queue place.
+With `gateway.redis_failure = "open"`, a request that finds Redis unreachable is admitted within this
+gateway's local share of the quota instead (plugin/open_admission.py), or answered 503 past it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Collection
 from time import perf_counter_ns
 
 from mitmproxy import http
+from redis.exceptions import RedisError
 
 from plugin.config import ModelSection
 from plugin.context import GatewayContext
 from plugin.errors import GatewayError
-from plugin.flow import Accepted, Prompt, Route, accepted, fail_closed, now_s
-from plugin.placement import Placement
+from plugin.flow import Accepted, Prompt, Route, SessionRef, accepted, fail_closed, now_s
+from plugin.open_admission import OpenShare
+from plugin.placement import Placed, Placement
 from store.slots import AdmissionRejected, Ticket
 
 DEFAULT_MODEL = ModelSection()
+logger = logging.getLogger(__name__)
 
 
 class Admission:
@@ -65,7 +71,7 @@ class Admission:
             return
         if state.session is not None:  # its binding, for the routing choice (policy/session.py)
             so_far = perf_counter_ns() - cpu_started
-            await ctx.sessions.lookup(parsed.model, state.session)
+            await self._session_lookup(parsed.model, state.session)
             cpu_started = perf_counter_ns() - so_far  # the await is not this stage's CPU
         section = ctx.config.models.get(parsed.model, DEFAULT_MODEL)
         placement = Placement(
@@ -82,7 +88,7 @@ class Admission:
         process.queued[parsed.model] = process.queued.get(parsed.model, 0) + 1
         state.stage_ns["admit"] = perf_counter_ns() - cpu_started  # up to the placement's round trip
         try:
-            result = await placement.run()
+            result = await self._placed(placement, found, ticket)
         except asyncio.CancelledError:
             if me not in process.disconnected:
                 raise
@@ -117,6 +123,50 @@ class Admission:
         state.queued_s = now_s() - started
         state.held = result.held()
         ctx.metrics.admission_wait.observe(state.queued_s, parsed.model, state.band_name, state.arm)
+
+    async def _placed(
+        self, placement: Placement, found: Accepted, ticket: Ticket
+    ) -> Placed | AdmissionRejected | None:
+        """Both steps in Redis; in open mode, the local share when Redis fails (or failed just now)."""
+        share = self.ctx.open_share
+        if share is None:
+            return await placement.run()
+        if not share.skip_redis():
+            try:
+                return await placement.run()
+            except (RedisError, OSError) as e:  # (placement gave back what it held)
+                share.failed()
+                logger.debug("request %s: Redis failed (%s); local share", ticket.request_id, e)
+        return self._admit_locally(share, found, ticket)
+
+    def _admit_locally(
+        self, share: OpenShare, found: Accepted, ticket: Ticket
+    ) -> Placed | AdmissionRejected | None:
+        """Redis is unreachable: the routing choice on the mirror, within this gateway's share."""
+        route = self.plan(found)
+        if route is None:
+            return None
+        try:
+            lease = share.admit(ticket, route.worker.id)
+        except AdmissionRejected as e:
+            self.ctx.metrics.open_admissions.inc(ticket.model, "share_full")
+            return e
+        self.ctx.metrics.open_admissions.inc(ticket.model, "admitted")
+        self.ctx.router.reserve(route)
+        self.ctx.router.record(route)
+        return Placed(lease, route, "", 0, 0)
+
+    async def _session_lookup(self, model: str, ref: SessionRef) -> None:
+        """The session's binding; in open mode, none while Redis is unreachable (routed on its own)."""
+        share = self.ctx.open_share
+        if share is not None and share.skip_redis():
+            return
+        try:
+            await self.ctx.sessions.lookup(model, ref)
+        except (RedisError, OSError):
+            if share is None:
+                raise
+            share.failed()
 
     def plan(self, found: Accepted, exclude: Collection[str] = ()) -> Route | None:
         """The policy's choice among the routable workers minus `exclude`, nothing reserved

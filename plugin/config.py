@@ -50,15 +50,15 @@ class GatewaySection:
     # shared secret of the worker plane (policy/worker_auth.py): only workers whose agents sign with it
     # are routable; "" = $KVGATE_WORKER_SECRET, and with neither the worker plane is not authenticated
     worker_secret: str = ""
-    # what Redis being unreachable means for a request: "closed", 503 + Retry-After (the only mode so
-    # far; "open", admitting a local share of the quota on the mirror, is refused until it exists)
+    # what Redis being unreachable means for a request: "closed", 503 + Retry-After; "open", admitted
+    # within this gateway's local share of the quota and routed on the mirror (plugin/open_admission.py)
     redis_failure: str = "closed"
     redis_timeout_ms: int = 2000  # a Redis reply slower than this counts as a failure
 
     def __post_init__(self) -> None:
         _at_least("gateway.drain_timeout_ms", self.drain_timeout_ms, 0)
         _one_of("gateway.upstream_scheme", self.upstream_scheme, ("http", "https"))
-        _one_of("gateway.redis_failure", self.redis_failure, ("closed",))
+        _one_of("gateway.redis_failure", self.redis_failure, ("closed", "open"))
         _at_least("gateway.redis_timeout_ms", self.redis_timeout_ms, 1500)  # the index tail blocks 1 s
         secret_value("gateway.worker_secret", self.worker_secret)
         secret_value("gateway.upstream_api_key", self.upstream_api_key)

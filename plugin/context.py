@@ -14,6 +14,7 @@ from plugin.config import GatewayConfig
 from plugin.decision_log import DecisionLog
 from plugin.local import LocalEndpoints
 from plugin.metrics import GatewayMetrics
+from plugin.open_admission import OpenShare
 from plugin.prefix_memo import PromptHasher
 from plugin.process_state import ProcessState
 from plugin.releaser import Releaser
@@ -38,5 +39,6 @@ class GatewayContext:
     pressure: PressureTracker  # sheds low priority under sustained pressure
     decisions: DecisionLog  # one record per finished request
     process: ProcessState  # draining; who waits for admission
-    local: LocalEndpoints  # /v1/models, /healthz, /metrics
+    local: LocalEndpoints  # /v1/models, /readyz
     sessions: SessionAffinity  # explicit session affinity: bindings in Redis (plugin/sessions.py)
+    open_share: OpenShare | None = None  # redis_failure = "open": the local share (plugin/open_admission.py)

@@ -20,7 +20,7 @@ from plugin.streaming import Usage, meter_json_body
 from plugin.tokenize import TokenizeRequest, chat_tokenize_request, completion_tokenize_request
 from policy.request import InvalidRequest, chat_text, check_chat, check_completion, completion_text
 
-LocalEndpoint = Literal["models", "healthz", "readyz", "metrics"]
+LocalEndpoint = Literal["models", "readyz"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,16 +76,23 @@ ENDPOINTS: dict[str, Endpoint] = {e.name: e for e in (CHAT, COMPLETIONS)}
 ROUTES: dict[str, tuple[Endpoint | LocalEndpoint, str]] = {
     **{e.path: (e, "POST") for e in ENDPOINTS.values()},
     "/v1/models": ("models", "GET"),
-    "/healthz": ("healthz", "GET"),
-    "/readyz": ("readyz", "GET"),
-    "/metrics": ("metrics", "GET"),
+    "/readyz": ("readyz", "GET"),  # a load balancer checks the port it sends traffic to
 }
+# only on the metrics port (plugin/metrics_server.py, issue 10): scrapes and liveness probes never
+# wait for a saturated proxy, and the proxy port exposes no operator data to clients
+METRICS_PORT_ONLY = frozenset({"/metrics", "/healthz"})
 
 
 def route_for(method: str, path: str) -> Endpoint | LocalEndpoint:
     """The endpoint for a method and path (query string ignored); GatewayError 404/405 otherwise."""
     bare = path.split("?", 1)[0].rstrip("/") or "/"
     found = ROUTES.get(bare)
+    if found is None and bare in METRICS_PORT_ONLY:
+        raise GatewayError(
+            404, "not_found",
+            f"{bare} is served on the gateway's metrics port (--metrics-port, default 9464), "
+            "not the proxy port",
+        )  # fmt: skip
     if found is None:
         raise GatewayError(404, "not_found", f"kvgate serves no {bare}")
     endpoint, allowed = found

@@ -256,3 +256,51 @@ def install_connect_retry(retarget: Callable[[Any], bool], attempts: int = 2) ->
     make_server_connection.kvgate_retry = True  # type: ignore[attr-defined]
     HttpStream.make_server_connection = make_server_connection  # type: ignore[method-assign]
     return True
+
+
+def install_retry_before_first_byte(retarget: Callable[[Any], bool], attempts: int = 2) -> bool:
+    """Route a request again when its worker accepted the connection but broke it (reset, closed,
+    killed) before sending any response byte: nothing reached the client, and the buffered request
+    is sent whole to the worker `retarget` (the addon's) points the flow at, at most `attempts` times
+    per request. Once a response byte arrived the error is mitmproxy's (or the SSE error event of
+    `install_sse_error_on_broken_stream`) as before. Returns False if this mitmproxy's HTTP layer
+    differs (nothing patched)."""
+    from mitmproxy.proxy.layers.http import HttpStream, SendHttp
+    from mitmproxy.proxy.layers.http._events import (
+        RequestData,
+        RequestEndOfMessage,
+        RequestHeaders,
+        ResponseProtocolError,
+    )
+
+    original = getattr(HttpStream, "handle_protocol_error", None)
+    if original is None or getattr(original, "kvgate_first_byte", False):
+        return original is not None
+
+    def handle_protocol_error(self: HttpStream, event: Any) -> Any:
+        flow = self.flow
+        retry = (
+            isinstance(event, ResponseProtocolError)
+            and flow is not None
+            and flow.response is None
+            and self.server_state == self.state_wait_for_response_headers
+            and self.client_state == self.state_done  # the whole request was read (and buffered)
+            and not flow.request.stream
+            and not flow.request.trailers
+            and flow.metadata.get("kvgate_first_byte_retries", 0) < attempts
+        )
+        if not retry or not retarget(flow):
+            return (yield from original(self, event))
+        flow.metadata["kvgate_first_byte_retries"] = flow.metadata.get("kvgate_first_byte_retries", 0) + 1
+        if not (yield from self.make_server_connection()):
+            return None
+        content = flow.request.raw_content
+        yield SendHttp(RequestHeaders(self.stream_id, flow.request, not content), self.context.server)
+        if content:
+            yield SendHttp(RequestData(self.stream_id, content), self.context.server)
+        yield SendHttp(RequestEndOfMessage(self.stream_id), self.context.server)
+        return None
+
+    handle_protocol_error.kvgate_first_byte = True  # type: ignore[attr-defined]
+    HttpStream.handle_protocol_error = handle_protocol_error  # type: ignore[method-assign]
+    return True

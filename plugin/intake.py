@@ -1,10 +1,11 @@
 """Request intake, the first part on every request: answer local endpoints, refuse bad requests.
 
-In order: the path (404 JSON for anything kvgate does not serve), the gateway's own endpoints
-(/v1/models, /healthz, /metrics), drain (503), the caller (tenant from the API key → 401; band and
-wait budget from headers → 400), the body (limits and types → 400/413), the model's worker pool
-(404 unknown model, 503 none healthy) and the prompt's prefix hashes (400 for shapes that are not
-OpenAI requests). A refused request never reaches admission, routing or the fallback upstream.
+In order: the path (404 JSON for anything kvgate does not serve, /metrics and /healthz included:
+they are on the metrics port), the gateway's own endpoints (/v1/models, /readyz), drain (503), the
+caller (tenant from the API key → 401; band and wait budget from headers → 400), the body (limits
+and types → 400/413), the model's worker pool (404 unknown model, 503 none healthy) and the
+prompt's prefix hashes (400 for shapes that are not OpenAI requests). A refused request never
+reaches admission, routing or the fallback upstream.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class Intake:
             ctx.metrics.local.inc("unknown")
             flow.response = e.to_response()
             return
-        if isinstance(endpoint, str):  # the gateway's own: /v1/models, /healthz, /metrics
+        if isinstance(endpoint, str):  # the gateway's own: /v1/models, /readyz
             ctx.metrics.local.inc(endpoint)
             flow.response = await ctx.local.serve(endpoint)
             return

@@ -1,6 +1,7 @@
-"""The gateway's own endpoints: /v1/models, /healthz, /readyz and /metrics (rendered at scrape time).
+"""The proxy port's own endpoints (/v1/models, /readyz) and the refresher of what the metrics port
+serves (/metrics gauges, the /readyz snapshot; /metrics and /healthz are only there, issue 10).
 
-Liveness and readiness are separate: /healthz is 200 while the process serves requests at all (a
+Liveness and readiness are separate: /healthz (metrics port) is 200 while the process serves at all (a
 Redis outage or an empty worker pool is no reason to restart a gateway: restarting every pod at
 once on a Redis blip helps nobody); /readyz is 200 only while Redis answers, a worker is routable
 and the gateway is not draining (a load balancer sends it no traffic otherwise)."""
@@ -47,23 +48,13 @@ class LocalEndpoints:
         self.readiness = Readiness(gateway=gateway_id)  # what the metrics port's /readyz reads
 
     async def serve(self, endpoint: str) -> http.Response:
+        """The proxy port's own endpoints: /v1/models and /readyz (/metrics and /healthz are only on
+        the metrics port, plugin/metrics_server.py)."""
         if endpoint == "models":
             served = self.mirror.served_models() if self.mirror else []
             data = [{"id": m, "object": "model", "owned_by": "kvgate", "created": 0} for m in served]
             return json_response(200, {"object": "list", "data": data})
-        if endpoint == "healthz":
-            return self.liveness()
-        if endpoint == "readyz":
-            return await self.health()
-        return http.Response.make(
-            200, (await self.render_metrics()).encode(), {"content-type": "text/plain; version=0.0.4"}
-        )
-
-    def liveness(self) -> http.Response:
-        """200 while this process answers; what readiness would say is in the body, for people."""
-        body = {"status": "alive", "gateway": self.gateway_id, "draining": self.process.draining,
-                "registry_reads_ok": bool(self.mirror and self.mirror.last_refresh_ok)}  # fmt: skip
-        return json_response(200, body)
+        return await self.health()
 
     async def health(self) -> http.Response:
         """Readiness: Redis answers PING, a worker is routable, not draining."""
@@ -79,10 +70,6 @@ class LocalEndpoints:
         body = {"status": "ok" if ok else "unavailable", "redis": redis_ok, "live_workers": live,
                 "draining": draining, "gateway": self.gateway_id}  # fmt: skip
         return json_response(200 if ok else 503, body)
-
-    async def render_metrics(self) -> str:
-        await self.refresh()
-        return self.metrics.render()
 
     async def refresh(self) -> None:
         """Set the scrape-time gauges and the readiness snapshot (the metrics port serves both)."""

@@ -3,7 +3,7 @@
 Each metric keeps the prometheus-client child of every label set it has seen, so the hot path pays
 one dict lookup and the child's locked add per observation. `_created` series are off (they double
 every counter's series and no dashboard reads them). The registry is served at /metrics on the
-metrics port (plugin/metrics_server.py) and on the proxy port.
+metrics port (plugin/metrics_server.py) only.
 """
 
 from __future__ import annotations
@@ -147,6 +147,9 @@ worker_full       counter   kvgate_worker_full_total              model worker
     Requests turned down by a worker at its max_concurrency (two-step admission).
 priority_clamped  counter   kvgate_priority_clamped_total         tenant
     Requests that asked for a band above their tenant's max_band (clamped to it).
+open_admissions   counter   kvgate_open_admissions_total          model outcome
+    Requests that found Redis unreachable in redis_failure = open: admitted within this gateway's local
+    share, or refused past it (outcome: admitted, share_full).
 retried           counter   kvgate_connect_retries_total          model worker
     Requests routed again because their worker refused the connection (nothing was sent).
 global_queue      gauge     kvgate_global_queue_length            model band
@@ -184,7 +187,7 @@ outcomes          counter   kvgate_request_outcomes_total         model tenant b
     upstream_error) and A/B arm.
 reasons           counter   kvgate_routing_reasons_total          model reason index arm
     Routing decisions by reason (policy.types.ReasonKind: cache_hit, load, stickiness, exploration,
-    replica_cap, session, fallback) and the index kind that matched (approximate, exact, none).
+    replica_cap, session, fallback) and the index kind that matched (exact, speculative, approximate, none).
 prefix_switches   counter   kvgate_prefix_switches_total          model arm
     Requests routed to another worker than their prefix's previous request went to.
 duration          latency   kvgate_request_duration_seconds       model arm

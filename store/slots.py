@@ -220,6 +220,16 @@ class SlotPool:
     def held(self) -> int:
         return len(self._held)
 
+    def held_seats(self, model: str) -> int:
+        """Seats of `model` this process holds (leases from Redis and local ones)."""
+        return sum(lease.seats for lease in self._held.values() if lease.model == model)
+
+    def hold_local(self, ticket: Ticket, seats: int, worker: str) -> Lease:
+        """A lease taken without Redis (gateway.redis_failure = "open", plugin/open_admission.py): held
+        and renewed like the others, so the first renewal after Redis answers again takes it in
+        (reclaim, within the quota) or drops it from these books; released once either way."""
+        return self._hold(ticket, seats, time.monotonic(), worker)
+
     async def snapshot(self, model: str) -> dict[str, Any]:
         """The model's admission state (store.scripts.AdmissionScripts.snapshot) plus `est_wait_s`, the
         expected wait of a request arriving now at the back of all queues (the autoscaling signal)."""
@@ -423,6 +433,8 @@ class SlotPool:
                 await self.renew_now()
             except asyncio.CancelledError:
                 raise
+            except (RedisError, OSError) as e:  # Redis down: one line, not a traceback per period
+                logger.warning("lease renewal failed (%s: %s); retrying next period", type(e).__name__, e)
             except Exception:
                 logger.warning("lease renewal failed; retrying next period", exc_info=True)
 

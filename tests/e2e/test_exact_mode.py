@@ -156,7 +156,7 @@ async def test_routes_to_the_holder_then_follows_a_cache_reset(
         )
         assert status == 200, text
         assert headers["x-kvgate-worker"] == "w0"
-        _, text = await get(f"{gw.url}/metrics")
+        _, text = await get(f"{gw.metrics_url}/metrics")
         assert metric(text.decode(), "kvgate_tokenize_total", model=MODEL, source="worker") == 4
         assert metric(text.decode(), "kvgate_prefix_fallbacks_total", model=MODEL) is None
 
@@ -174,7 +174,7 @@ async def test_tokenize_failure_falls_back_to_approximate(
         async with gateways(gw):
             status, _, text = await post(f"{gw.url}/v1/chat/completions", chat(MODEL, "hi", stream=True))
             assert status == 200 and b"[DONE]" in text
-            _, metrics = await get(f"{gw.url}/metrics")
+            _, metrics = await get(f"{gw.metrics_url}/metrics")
             assert metric(metrics.decode(), "kvgate_prefix_fallbacks_total", model=MODEL, reason="error") == 1
             assert metric(metrics.decode(), "kvgate_tokenize_total", model=MODEL) is None
     finally:
@@ -248,7 +248,7 @@ async def test_local_tokenizer_agrees_with_the_worker_and_routes_without_a_round
             )
             assert status == 200, text
             assert headers["x-kvgate-worker"] == "w1"
-        _, text = await get(f"{gw.url}/metrics")
+        _, text = await get(f"{gw.metrics_url}/metrics")
         assert metric(text.decode(), "kvgate_tokenize_total", model=MODEL, source="local") == 3
         assert metric(text.decode(), "kvgate_tokenize_total", model=MODEL, source="worker") is None
 

@@ -47,11 +47,11 @@ async def test_staging_recipe_and_openai_client_example(
         async def healthy() -> bool:
             assert proc.poll() is None, log.read_text()
             try:
-                return (await get(f"{gateway}/healthz", timeout_s=1.0))[0] == 200
+                return (await get(f"{gateway}/readyz", timeout_s=1.0))[0] == 200
             except OSError:
                 return False
 
-        await poll(healthy, 30, "examples/staging.sh to answer /healthz", interval_s=0.1)
+        await poll(healthy, 30, "examples/staging.sh to be ready", interval_s=0.1)
         # requests spread over both workers (different prompts, so no prefix pulls them together)
         for i in range(8):
             status, _, _ = await post(f"{gateway}/v1/chat/completions", chat(MODEL, f"topic {i} " * 40))

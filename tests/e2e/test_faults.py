@@ -166,7 +166,7 @@ async def test_redis_killed_means_503_with_retry_after_then_recovery(
         assert {a.status for a in answers} == {503}, [(a.status, a.body[:120]) for a in answers]
         assert all(int(a.headers["Retry-After"]) >= 1 for a in answers)
         assert {json.loads(a.body)["error"]["code"] for a in answers} <= {"redis_unavailable"}
-        assert (await get(f"{gw.url}/healthz"))[0] == 200  # alive: no restart of every pod at once
+        assert (await get(f"{gw.metrics_url}/healthz"))[0] == 200  # alive: no restart of every pod at once
         assert (await get(f"{gw.url}/readyz"))[0] == 503  # not ready
         redis_proc.start()
         await poll(lambda: ready(gw), 20, "the gateway ready again")

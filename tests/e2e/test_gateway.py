@@ -39,7 +39,7 @@ async def open_stream(session: aiohttp.ClientSession, url: str, headers: dict[st
 
 
 async def inflight(gw: Gateway) -> float:
-    _, body = await get(f"{gw.url}/metrics")
+    _, body = await get(f"{gw.metrics_url}/metrics")
     return metric(body.decode(), "kvgate_inflight_requests", model=MODEL) or 0.0
 
 
@@ -112,7 +112,8 @@ async def test_client_leaving_mid_stream_frees_its_slot(redis_url: str, redis: a
         async with aiohttp.ClientSession() as session:
             resp = await open_stream(session, gw.url)
             await resp.content.readline()
-            assert await inflight(gw) == 1
+            # the metrics port's gauges are refreshed every second
+            await poll(lambda: _inflight_is(gw, 1), 5, "the stream in flight")
             resp.close()  # drop the connection mid-stream
         await poll(lambda: _zero(gw), 10, "the slot to be released")
         upstream.release.set()
@@ -123,6 +124,10 @@ async def test_client_leaving_mid_stream_frees_its_slot(redis_url: str, redis: a
 
 async def _zero(gw: Gateway) -> bool:
     return await inflight(gw) == 0
+
+
+async def _inflight_is(gw: Gateway, n: int) -> bool:
+    return await inflight(gw) == n
 
 
 async def test_queue_order_priority_and_disconnect_while_queued(
@@ -139,7 +144,7 @@ async def test_queue_order_priority_and_disconnect_while_queued(
                 return resp.status
 
         async def queue_length(n: int) -> bool:
-            _, body = await get(f"{gw.url}/metrics")
+            _, body = await get(f"{gw.metrics_url}/metrics")
             return metric(body.decode(), "kvgate_queue_length", model=MODEL) == n
 
         low = asyncio.ensure_future(queued("low", "low"))
@@ -220,4 +225,5 @@ async def test_unreachable_worker_gives_json_502_and_frees_the_slot(
                                                headers={"x-kvgate-max-wait-ms": "0"})  # fmt: skip
             assert (status, headers["Content-Type"]) == (502, "application/json")
             assert json.loads(body)["error"]["code"] == "upstream_error"
+        await asyncio.sleep(1.2)  # one refresh of the metrics port's gauges
         assert await inflight(gw) == 0

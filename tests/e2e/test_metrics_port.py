@@ -56,8 +56,8 @@ async def test_metrics_port_answers_under_a_saturated_proxy(tmp_path: Path) -> N
             await asyncio.sleep(0.5)  # the streams are open
             while not load.done():
                 port, proxy = await asyncio.gather(
-                    timed_get(f"{metrics_url}/metrics"), timed_get(f"{gateway}/metrics")
-                )
+                    timed_get(f"{metrics_url}/metrics"), timed_get(f"{gateway}/readyz")
+                )  # the proxy port's own probe, for comparison (it serves no /metrics)
                 assert port[0] == 200 and proxy[0] == 200
                 port_s.append(port[1])
                 proxy_s.append(proxy[1])
@@ -66,12 +66,15 @@ async def test_metrics_port_answers_under_a_saturated_proxy(tmp_path: Path) -> N
                 await asyncio.sleep(0.1)
             statuses = await load
         assert statuses == [200] * STREAMS
-        print(f"scrape max: metrics port {max(port_s):.3f} s, proxy port {max(proxy_s):.3f} s "
+        print(f"scrape max: metrics port {max(port_s):.3f} s, proxy port /readyz {max(proxy_s):.3f} s "
               f"({len(port_s)} scrapes)")  # fmt: skip
         assert len(port_s) >= 3
         # the metrics port never waits for the proxy's loop: well inside Prometheus' 10 s scrape timeout
         assert max(port_s) < 2.0, (port_s, proxy_s)
 
+        for path in ("/metrics", "/healthz"):  # only on the metrics port
+            status, body = await get(f"{gateway}{path}")
+            assert status == 404 and b"metrics port" in body, (path, status, body[:200])
         await asyncio.sleep(1.2)  # one refresh of the scrape-time gauges
         _, body = await get(f"{metrics_url}/metrics")
         text = body.decode()

@@ -56,7 +56,7 @@ async def session_per_process(url: str, want: int, tries: int = 60) -> dict[str,
     found: dict[str, aiohttp.ClientSession] = {}
     for _ in range(tries):
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
-        async with session.get(f"{url}/healthz") as resp:
+        async with session.get(f"{url}/readyz") as resp:  # its body names the process
             gateway = (await resp.json(content_type=None)).get("gateway")  # None: not up yet
         if gateway is None or gateway in found:
             await session.close()

@@ -115,7 +115,7 @@ async def test_a_session_follows_its_worker_until_it_stalls_then_moves_and_close
                 return not await redis.exists(key)
 
             await poll(closed, 5, "the closed session's binding gone")
-            _, body = await get(f"{gw.url}/metrics")
+            _, body = await get(f"{gw.metrics_url}/metrics")
             text = body.decode()
             assert (metric(text, "kvgate_session_routes_total", model=MODEL, outcome="decided") or 0) >= 1
             assert metric(text, "kvgate_session_routes_total", model=MODEL, outcome="moved") == 1

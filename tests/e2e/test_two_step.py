@@ -36,7 +36,7 @@ def write_config(tmp_path: Path, mode: str, policy: str) -> Path:
 
 
 async def worker_full(gw: Gateway, worker: str) -> float:
-    _, body = await get(f"{gw.url}/metrics")
+    _, body = await get(f"{gw.metrics_url}/metrics")
     return metric(body.decode(), "kvgate_worker_full_total", model=MODEL, worker=worker) or 0.0
 
 

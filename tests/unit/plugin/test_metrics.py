@@ -44,6 +44,7 @@ EXPORTED = [
     ("kvgate_global_queue_length", "gauge", ("model", "band")),
     ("kvgate_inflight_requests", "gauge", ("model",)),
     ("kvgate_local_requests_total", "counter", ("path",)),
+    ("kvgate_open_admissions_total", "counter", ("model", "outcome")),  # issue 10 (added)
     ("kvgate_output_tokens_total", "counter", ("model", "arm")),  # issue 12: arm added
     ("kvgate_prefix_fallbacks_total", "counter", ("model", "reason")),
     ("kvgate_priority_clamped_total", "counter", ("tenant",)),  # issue 10 (added)

@@ -29,8 +29,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         ("POST", "/v1/completions", "completions"),
         ("GET", "/v1/models", "models"),
         ("GET", "/v1/models/", "models"),
-        ("GET", "/healthz", "healthz"),
-        ("GET", "/metrics?x=1", "metrics"),
+        ("GET", "/readyz", "readyz"),
     ],
 )
 def test_routes(method: str, path: str, endpoint: str) -> None:
