@@ -235,6 +235,7 @@ class GatewayMetrics:
     queue_length: Gauge
     worker_full: Counter
     priority_clamped: Counter
+    open_admissions: Counter
     retried: Counter
     global_queue: Gauge
     seats_used: Gauge
