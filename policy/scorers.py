@@ -198,19 +198,21 @@ class Load:
     saturate_at: int = 32
     name: str = "load"
 
+    def count(self, w: WorkerView) -> int:
+        return w.inflight
+
     def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
-        return {w.id: saturating(w.inflight, self.saturate_at) for w in workers}
+        return {w.id: saturating(self.count(w), self.saturate_at) for w in workers}
 
 
 @dataclass(frozen=True)
-class QueueDepth:
-    """score = 1 − min(waiting, saturate_at) / saturate_at (engine-reported queue, M)."""
+class QueueDepth(Load):
+    """score = 1 − min(waiting, saturate_at) / saturate_at (engine-reported queue, M): Load on the queue."""
 
-    saturate_at: int = 32
     name: str = "queue-depth"
 
-    def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
-        return {w.id: saturating(w.waiting, self.saturate_at) for w in workers}
+    def count(self, w: WorkerView) -> int:
+        return w.waiting
 
 
 @dataclass(frozen=True)

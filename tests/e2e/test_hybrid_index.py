@@ -80,7 +80,7 @@ async def test_a_mixed_pool_routes_on_exact_entries_and_on_routing_history(
             assert status == 200, text
             assert headers["x-kvgate-worker"] == "p1"  # on routing history: the pool did not fall back
 
-            _, body = await get(f"{gw.url}/metrics")
+            _, body = await get(f"{gw.metrics_url}/metrics")
             text = body.decode()
             reasons = "kvgate_routing_reasons_total"
             assert (metric(text, reasons, model=MODEL, index="exact") or 0) >= 1
