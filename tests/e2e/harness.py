@@ -131,6 +131,16 @@ async def gateways(*gws: Gateway) -> AsyncIterator[tuple[Gateway, ...]]:
             g.stop()
 
 
+async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    """`app` on a free loopback port in this loop; returns (runner, url). Clean up the runner."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
 async def start_worker(model: str, worker_id: str, **config: Any) -> tuple[web.AppRunner, str]:
     """An emulated vLLM worker on a free port in this loop; returns (runner, url). Clean up the runner."""
     from bench.emulator.server import EmulatorConfig, start_emulator
@@ -164,12 +174,7 @@ class SseUpstream:
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self.runner, self.url = await serve(app)
         return self
 
     async def close(self) -> None:

@@ -26,7 +26,7 @@ from store import keys
 from store.redis_server import free_port, stable_socket_path
 from store.scripts import quota_key
 from tests.e2e.faults import Answer, RedisProcess, alive, children_named, send
-from tests.e2e.harness import Gateway, SseUpstream, chat, gateways, get, poll, start_worker
+from tests.e2e.harness import Gateway, SseUpstream, chat, gateways, get, poll, serve, start_worker
 
 pytestmark = pytest.mark.e2e
 
@@ -431,12 +431,8 @@ async def test_a_stream_broken_by_its_worker_ends_with_an_sse_error_event(
     app.router.add_get("/health", lambda r: web.Response(text="ok"))  # type: ignore[arg-type, return-value]
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat_handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    gw = Gateway(redis_proc.url, config=config_file(tmp_path), workers=[f"http://127.0.0.1:{port}"],
+    runner, worker_url = await serve(app)
+    gw = Gateway(redis_proc.url, config=config_file(tmp_path), workers=[worker_url],
                  model=MODEL, log_dir=tmp_path)  # fmt: skip
     try:
         async with gateways(gw):

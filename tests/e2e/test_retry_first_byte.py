@@ -14,7 +14,7 @@ from aiohttp import web
 from store import keys, registry
 from store.registry import WorkerRecord
 from tests.e2e.faults import RedisProcess, send
-from tests.e2e.harness import Gateway, chat, gateways, poll, start_worker
+from tests.e2e.harness import Gateway, chat, gateways, poll, serve, start_worker
 
 pytestmark = pytest.mark.e2e
 
@@ -32,12 +32,7 @@ async def start_resetting_worker() -> tuple[web.AppRunner, str]:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat_handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
+    return await serve(app)
 
 
 async def test_a_worker_reset_before_the_first_byte_is_routed_again(tmp_path: Path) -> None:
