@@ -271,7 +271,11 @@ async def test_a_gap_is_resynced_from_the_replay_socket_and_without_one_the_inde
             urls[wid] = url
             extra = ["--kv-events-replay", zmq_replay] if zmq_replay else []
             agent_ports[wid] = port = free_port()
-            extra += ["--port", str(port), "--heartbeat-ms", "100", "--router-block-size", "0"]
+            # r0's agent also probes its replay socket after half a quiet heartbeat (a lost tail batch);
+            # a 1 s heartbeat keeps that probe from finding the lost batch before the next batch shows
+            # the gap on a slow machine, so this test sees the gap path it is about
+            heartbeat_ms = "1000" if replay else "100"
+            extra += ["--port", str(port), "--heartbeat-ms", heartbeat_ms, "--router-block-size", "0"]
             processes("agent", "--worker-url", url, "--model", MODEL, "--worker-id", wid,
                       "--redis", redis_url, "--kv-events", zmq_pub, *extra)  # fmt: skip
 
