@@ -46,11 +46,11 @@ async def waiting_lease(client: aioredis.Redis) -> str | None:
     """The id of the lease that holds a seat but no worker (the request waiting for room)."""
     for rid, info in (await client.hgetall(keys.model_key(MODEL, "lease"))).items():
         if not json.loads(info).get("k"):
-            return str(rid.decode())
+            return rid.decode() if isinstance(rid, bytes) else str(rid)
     return None
 
 
-async def counts(client: aioredis.Redis) -> tuple[int, dict[bytes, bytes]]:
+async def counts(client: aioredis.Redis) -> tuple[int, dict[bytes | str, bytes | str]]:
     return await client.zcard(keys.model_key(MODEL, "leases")), await client.hgetall(
         keys.model_key(MODEL, "used")
     )
