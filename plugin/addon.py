@@ -78,7 +78,7 @@ from plugin.static_workers import StaticWorkers
 from plugin.workers import WorkerPool
 from policy.pressure import PressureTracker
 from runtime.tasks import spawn
-from store.connect import redis_from_url
+from store.connect import redacted, redis_from_url
 from store.redis_server import EmbeddedRedis, stable_socket_path
 from store.slots import SlotPool
 
@@ -260,7 +260,7 @@ class KvGate:
             await asyncio.wait_for(self.redis.ping(), 5.0)
         except (RedisError, OSError, TimeoutError) as e:
             # an error logged during startup makes mitmproxy exit with status 1 (errorcheck addon)
-            logger.error("kvgate: cannot reach Redis at %s: %s", url, e)
+            logger.error("kvgate: cannot reach Redis at %s: %s", redacted(url), e)
             return
         config = self.config
         self.pool = SlotPool(

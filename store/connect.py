@@ -21,6 +21,16 @@ def is_cluster_url(url: str) -> bool:
     return url.startswith(CLUSTER_SCHEMES)
 
 
+def redacted(url: str) -> str:
+    """`url` with its password replaced by `***`: fit for a log line."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    netloc = f"{user}:***@{parts.netloc.rpartition('@')[2]}"
+    return parts._replace(netloc=netloc).geturl()
+
+
 def redis_from_url(url: str, **kwargs: Any) -> aioredis.Redis:
     if is_cluster_url(url):
         return cluster_from_url(url, **kwargs)

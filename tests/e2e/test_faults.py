@@ -483,23 +483,14 @@ async def test_a_refused_connection_is_routed_to_another_worker(
 
 
 async def test_a_gateway_over_rediss(upstream: SseUpstream, tmp_path: Path) -> None:
-    from tests.e2e.tls_redis import tls_redis_server
+    from tests.e2e.tls_redis import start_tls_only, tls_redis_server
 
     found = tls_redis_server()
     if found is None:
         pytest.skip("no TLS-capable redis-server: set KVGATE_TLS_REDIS_SERVER (needs apt-get otherwise)")
     binary, env = found
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-                    "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)  # fmt: skip
     port = free_port()
-    server = subprocess.Popen(
-        [binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--tls-cert-file", str(cert),
-         "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no",
-         "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    server, cert = start_tls_only(binary, env, tmp_path, port)
     url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={cert}"
     upstream.release.set()
     try:

@@ -34,3 +34,27 @@ def tls_redis_server() -> tuple[str, dict[str, str]] | None:
             subprocess.run(["dpkg", "-x", str(deb), str(CACHE / "root")], check=True, timeout=120)
     check = subprocess.run([str(binary), "--version"], env=env, capture_output=True, text=True)
     return (str(binary), env) if check.returncode == 0 else None
+
+
+def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (openssl CLI), made fresh for the test: (cert, key)."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+                    "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)  # fmt: skip
+    return cert, key
+
+
+def start_tls_only(
+    binary: str, env: dict[str, str], directory: Path, port: int
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """A redis-server that listens only on TLS `port` with a self-signed certificate (clients are
+    not asked for one); returns the process and the certificate (the CA a client must trust)."""
+    cert, key = self_signed_certificate(directory)
+    server = subprocess.Popen(
+        [binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--tls-cert-file", str(cert),
+         "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no",
+         "--save", "", "--appendonly", "no", "--dir", str(directory)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    return server, cert

@@ -26,3 +26,14 @@ def test_a_cluster_has_only_database_zero() -> None:
 
 def test_plain_urls_stay_standalone() -> None:
     assert not is_cluster(redis_from_url("redis://127.0.0.1:6379/0"))
+
+
+def test_redacted_hides_only_the_password() -> None:
+    from store.connect import redacted
+
+    assert redacted("rediss://kvgate:s3cret@host:6380/0?ssl_ca_certs=/ca.pem") == (
+        "rediss://kvgate:***@host:6380/0?ssl_ca_certs=/ca.pem"
+    )
+    assert redacted("redis://:s3cret@host:6379/0") == "redis://:***@host:6379/0"
+    assert redacted("redis://host:6379/0") == "redis://host:6379/0"
+    assert redacted("redis+cluster://u:p@a:1,b:2") == "redis+cluster://u:***@a:1,b:2"
