@@ -116,3 +116,51 @@ async def _counted(url: str, n: int) -> bool:
         return await _used(url) == (n, n)
     except OSError:
         return False
+
+
+async def test_open_mode_worst_case_stays_within_its_bound(upstream: SseUpstream, tmp_path: Path) -> None:
+    """The worst case of docs/REDIS.md: one gateway held the whole quota when Redis went away, the
+    other adds its share on top. Running, at the upstream's own count, reaches the bound
+    total × (2 − 1/gateways) = 4 × 1.5 = 6 and never passes it."""
+    redis_proc = RedisProcess().start()
+    config = tmp_path / "kvgate.toml"
+    config.write_text(CONFIG)
+    a, b = (
+        Gateway(redis_proc.url, config=config, workers=[upstream.url], model=MODEL, log_dir=tmp_path,
+                gateway_id=name)
+        for name in ("a", "b")
+    )  # fmt: skip
+    upstream.release = asyncio.Event()
+    bound = 4 * 2 - 4 // 2  # total + (gateways - 1) × floor(total / gateways)
+    try:
+        async with gateways(a, b):
+            client = aioredis.Redis.from_url(redis_proc.url)
+            await poll(lambda: _count(client, 2), 10, "both gateways in kvg:gateways:open")
+            await client.aclose()
+            held = [spawn(send(a.url, chat(MODEL, f"held {i}", stream=True)), name=f"h{i}") for i in range(4)]
+            await poll(lambda: _reached(upstream, 4), 10, "gateway a holding the whole quota")
+            await asyncio.sleep(0.3)
+            redis_proc.kill()
+            burst = [
+                spawn(send(gw.url, chat(MODEL, f"down {gw.gateway_id} {i}", stream=True)), name=f"d{i}")
+                for gw in (a, b) for i in range(4)
+            ]  # fmt: skip
+            await poll(lambda: _reached(upstream, bound), 15, "gateway b's share at the upstream")
+            await asyncio.sleep(1.0)  # a gate that lets more through would have by now
+            assert len(upstream.first_sent_at) == bound  # a: 0 more (holds 4 > its share 2); b: 2
+            refused = [t.result() for t in burst if t.done()]
+            assert len(refused) == 6 and {r.status for r in refused} == {503}
+
+            redis_proc.start()  # empty: the reclaims fit the quota, the rest run uncounted
+            await poll(lambda: _counted(redis_proc.url, 4), 15, "the quota's worth counted again")
+            late = spawn(send(b.url, chat(MODEL, "after recovery", stream=True)), name="late")
+            await asyncio.sleep(1.5)  # the quota is full in Redis: the newcomer waits
+            assert len(upstream.first_sent_at) == bound and not late.done()
+            upstream.release.set()
+            answers = [await t for t in (*held, *burst, late)]
+            assert sorted(x.status for x in answers) == [200] * (bound + 1) + [503] * 6
+            await poll(lambda: _counted(redis_proc.url, 0), 10, "every seat back")
+            for gw in (a, b):
+                assert "Traceback" not in gw.output()
+    finally:
+        redis_proc.stop()
