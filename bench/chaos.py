@@ -98,8 +98,16 @@ class Tally:
 
 
 class Chaos:
-    def __init__(self, seconds: float, seed: int, log_dir: Path, kinds: tuple[str, ...] = KINDS) -> None:
+    def __init__(
+        self,
+        seconds: float,
+        seed: int,
+        log_dir: Path,
+        kinds: tuple[str, ...] = KINDS,
+        redis_failure: str = "closed",
+    ) -> None:
         self.seconds = seconds
+        self.redis_failure = redis_failure
         self.kinds = kinds
         self.rng = random.Random(seed)
         self.stack = Stack(log_dir)
@@ -162,6 +170,7 @@ class Chaos:
     def setup(self) -> None:
         self.config.parent.mkdir(parents=True, exist_ok=True)
         self.config.write_text(
+            f'[gateway]\nredis_failure = "{self.redis_failure}"\n\n'
             f'[models."{MODEL}"]\ntotal = {QUOTA}\n\n[admission]\nlease_ms = {LEASE_MS}\n'
             f"renew_every_ms = 1000\nmax_wait_ms = 20000\n\n[routing]\nrefresh_ms = 200\n\n"
             f"[limits]\nclient_request_timeout_ms = {CLIENT_TIMEOUT_MS}\n"
@@ -448,6 +457,7 @@ class Chaos:
         answered = sum(t.statuses.values())
         duplicated = sum(1 for ids in t.lease_ids.values() if len(ids) > 1)
         memory = self.memory_growth()
+        running = max_running(t.held_events)
         return {
             "sent": t.sent,
             "answered_once": answered + t.left,
@@ -456,7 +466,7 @@ class Chaos:
             "wrongly_rejected": t.wrongly_rejected,
             "status_500": t.statuses.get(500, 0),
             "slots_leaked": leaked,
-            "max_quota_overshoot": max(0, max_running(t.held_events) - QUOTA),
+            "max_quota_overshoot": max(0, running - QUOTA),
             "max_recovery_s": max(t.recoveries, default=0.0),
             "lease_period_s": LEASE_MS / 1000,
             "quota_enforced_after_redis_restart": bool(t.quota_after_restart) and all(t.quota_after_restart),
@@ -475,7 +485,20 @@ class Chaos:
             "memory_bound_mb": MEMORY_BOUND_MB,
             "memory": memory,
             "seconds": self.seconds,
+            "redis_failure": self.redis_failure,
+            "max_running": running,
+            # what may run at once: the quota; in open mode, + every other gateway's local share
+            "running_bound": running_bound(self.redis_failure),
         }
+
+
+def running_bound(redis_failure: str, gateways: int = 2) -> int:
+    """The most requests allowed to run at once: the quota when closed; when open, the worst case of
+    docs/REDIS.md (one gateway held the whole quota at the outage, the others add their local share
+    floor(total / gateways) on top), total × (2 − 1/gateways) for a total divisible by gateways."""
+    if redis_failure == "closed":
+        return QUOTA
+    return QUOTA + (gateways - 1) * (QUOTA // gateways)
 
 
 def max_running(events: list[tuple[float, int]]) -> int:
@@ -544,13 +567,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="", help="write the result here")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--faults", default=",".join(KINDS), help="fault kinds to draw from (default: all)")
+    parser.add_argument("--redis-failure", choices=("closed", "open"), default="closed",
+                        help='gateway.redis_failure of both gateways (default "closed")')  # fmt: skip
     parser.add_argument("--log-dir", default="", help="process logs (default: a temp dir)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="kvgate-chaos-"))
     kinds = tuple(k for k in args.faults.split(",") if k)
     if not kinds or set(kinds) - set(KINDS):
         parser.error(f"--faults: choose from {','.join(KINDS)}")
-    chaos = Chaos(args.seconds, args.seed, log_dir, kinds)
+    chaos = Chaos(args.seconds, args.seed, log_dir, kinds, args.redis_failure)
     try:
         chaos.setup()
         result = asyncio.run(chaos.run())
