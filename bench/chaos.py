@@ -11,6 +11,14 @@ slowloris bodies (a byte every 0.2 s), which the gateways must cut off at
 `limits.client_request_timeout_ms` (plugin/client_deadline.py) while serving everyone else. Clients
 leave mid-stream now and then (a read cut short).
 
+`--redis-topology sentinel`: the gateways and agents use `sentinel://` on a primary + replica +
+sentinel from one redis-server 7 binary (bench/sentinel.py); fault `redis_failover` SIGKILLs the
+primary, the sentinel promotes the replica (recovery counts from the promotion; `failover_s` is the
+kill-to-promotion time) and the killed server rejoins as a replica. Redis pause/restart and slow
+Redis are standalone-only. `--redis-failure open`: both gateways run `gateway.redis_failure =
+"open"`; `max_running` (workers' own counters) is then held against `running_bound`, total × (2 −
+1/gateways), not the quota (docs/REDIS.md).
+
 Invariants, checked continuously and at the end:
 - running <= quota, at the workers' own counters: every worker logs when each request starts and
   ends on CLOCK_MONOTONIC (GET /kvgate/held_log, polled); the overshoot is the largest number of
@@ -54,6 +62,8 @@ from typing import Any
 import aiohttp
 import redis.asyncio as aioredis
 
+from bench import redis7
+from bench.sentinel import SentinelSet
 from bench.slow_redis import SlowRedisProxy
 from bench.stack import Process, Stack, kvgate_command, wait_http_ok
 from runtime.tasks import spawn
@@ -69,6 +79,9 @@ LEASE_MS = 4000
 HeldCursor = tuple[float, int, float, dict[str, float]]
 KINDS = ("worker_kill", "agent_kill", "gateway_kill", "redis_pause", "redis_restart", "slow_redis",
          "slow_clients")  # fmt: skip
+# on a Sentinel setup (--redis-topology sentinel) the clients reach the primary the sentinel names, not
+# the slow-Redis proxy, and a pause or an empty restart of the primary would be a failover too
+SENTINEL_KINDS = ("worker_kill", "agent_kill", "gateway_kill", "slow_clients", "redis_failover")
 SLOW_REDIS_S = 0.3  # per reply, for SLOW_REDIS_FOR_S: well under gateway.redis_timeout_ms (2 s)
 SLOW_REDIS_FOR_S = 6.0
 CLIENT_TIMEOUT_MS = 3000  # limits.client_request_timeout_ms of the chaos gateways (default 60 s)
@@ -91,6 +104,7 @@ class Tally:
     faults: Counter[str] = field(default_factory=Counter)
     lease_ids: dict[str, set[str]] = field(default_factory=dict)  # client id -> lease ids at workers
     quota_after_restart: list[bool] = field(default_factory=list)
+    failover_s: list[float] = field(default_factory=list)  # primary killed -> replica promoted
     slow_clients: int = 0  # slow connections opened
     slow_clients_not_cut: int = 0  # ... that no gateway closed within its timeout + 2.5 s
     rss: dict[str, list[tuple[float, int, float]]] = field(default_factory=dict)  # gateway -> (t, pid, MB)
@@ -105,8 +119,11 @@ class Chaos:
         log_dir: Path,
         kinds: tuple[str, ...] = KINDS,
         redis_failure: str = "closed",
+        topology: str = "standalone",
     ) -> None:
         self.seconds = seconds
+        self.topology = topology
+        self.sentinel: SentinelSet | None = None
         self.redis_failure = redis_failure
         self.kinds = kinds
         self.rng = random.Random(seed)
@@ -128,11 +145,25 @@ class Chaos:
     def start_redis(self) -> None:
         self.stack.redis = EmbeddedRedis(self.redis_port).start()
 
+    def start_sentinel(self) -> None:
+        found = redis7.tls_redis_server()
+        if found is None:
+            raise SystemExit("--redis-topology sentinel needs redis-server 7: set KVGATE_TLS_REDIS_SERVER")
+        self.sentinel = SentinelSet(*found, self.stack.log_dir / "sentinel").start()
+
     @property
     def redis_url(self) -> str:
-        """What the gateways and agents use: the slow-Redis proxy in front of the server."""
+        """What the gateways and agents use: the slow-Redis proxy in front of the server, or the
+        sentinel on a Sentinel setup."""
+        if self.sentinel is not None:
+            return self.sentinel.url
         assert self.proxy is not None
         return self.proxy.url
+
+    @property
+    def primary_url(self) -> str:
+        """The server itself (for the checks the bench makes): the current primary on a Sentinel setup."""
+        return self.sentinel.primary_url if self.sentinel is not None else self.stack.redis_url
 
     def spawn(self, name: str, args: list[str]) -> Process:
         process = self.stack.spawn(name, kvgate_command(*args))
@@ -175,8 +206,11 @@ class Chaos:
             f"renew_every_ms = 1000\nmax_wait_ms = 20000\n\n[routing]\nrefresh_ms = 200\n\n"
             f"[limits]\nclient_request_timeout_ms = {CLIENT_TIMEOUT_MS}\n"
         )
-        self.start_redis()
-        self.proxy = SlowRedisProxy(self.redis_port).start()
+        if self.topology == "sentinel":
+            self.start_sentinel()
+        else:
+            self.start_redis()
+            self.proxy = SlowRedisProxy(self.redis_port).start()
         self.worker_ports = [free_port() for _ in range(WORKERS)]
         self.gateway_ports = [free_port() for _ in range(2)]
         for i in range(WORKERS):
@@ -358,12 +392,16 @@ class Chaos:
             self.proxy.delay_s = 0.0
         elif kind == "slow_clients":
             await self.slow_clients()
+        elif kind == "redis_failover":
+            assert self.sentinel is not None
+            await loop.run_in_executor(None, self.sentinel.wait_replica_ready, 60.0)  # the last one rejoined
+            self.tally.failover_s.append(round(await loop.run_in_executor(None, self.sentinel.failover), 3))
         restored = time.monotonic()
         self.tally.faults[kind] += 1
         recovery = await self.recovered_after(session, restored)
         self.tally.recoveries.append(round(recovery, 3))
         self.fault_until = time.monotonic() + 1.0  # answers already under way when it recovered
-        if kind == "redis_restart":
+        if kind in ("redis_restart", "redis_failover"):  # the server now serving has the quota
             self.tally.quota_after_restart.append(await self.quota_enforced())
 
     async def slow_clients(self) -> None:
@@ -410,7 +448,7 @@ class Chaos:
         return out
 
     async def quota_enforced(self) -> bool:
-        client = aioredis.Redis.from_url(self.stack.redis_url, decode_responses=True)
+        client = aioredis.Redis.from_url(self.primary_url, decode_responses=True)
         try:
             stored = await client.hgetall(quota_key(MODEL))
         finally:
@@ -448,7 +486,7 @@ class Chaos:
             await logs
         rss_end = rss_mb(self.procs["gateway-1"].proc.pid)
         await asyncio.sleep(LEASE_MS / 1000 * 1.5)
-        client = aioredis.Redis.from_url(self.stack.redis_url)
+        client = aioredis.Redis.from_url(self.primary_url)
         try:
             leaked = len(await live_leases(client, MODEL))
         finally:
@@ -486,6 +524,9 @@ class Chaos:
             "memory": memory,
             "seconds": self.seconds,
             "redis_failure": self.redis_failure,
+            "redis_topology": self.topology,
+            "failover_s": t.failover_s,  # per failover: primary killed -> replica promoted
+            "max_failover_s": max(t.failover_s, default=0.0),  # (max_recovery_s counts from the promotion)
             "max_running": running,
             # what may run at once: the quota; in open mode, + every other gateway's local share
             "running_bound": running_bound(self.redis_failure),
@@ -566,16 +607,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=300, help="length of the run (default 300)")
     parser.add_argument("--json", default="", help="write the result here")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--faults", default=",".join(KINDS), help="fault kinds to draw from (default: all)")
+    parser.add_argument(
+        "--faults", default="", help="fault kinds to draw from (default: all of the topology's)"
+    )
+    parser.add_argument(
+        "--redis-topology",
+        choices=("standalone", "sentinel"),
+        default="standalone",
+        help="one redis-server (default), or a primary + replica + sentinel (fault redis_failover)",
+    )
     parser.add_argument("--redis-failure", choices=("closed", "open"), default="closed",
                         help='gateway.redis_failure of both gateways (default "closed")')  # fmt: skip
     parser.add_argument("--log-dir", default="", help="process logs (default: a temp dir)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="kvgate-chaos-"))
-    kinds = tuple(k for k in args.faults.split(",") if k)
-    if not kinds or set(kinds) - set(KINDS):
-        parser.error(f"--faults: choose from {','.join(KINDS)}")
-    chaos = Chaos(args.seconds, args.seed, log_dir, kinds, args.redis_failure)
+    allowed = SENTINEL_KINDS if args.redis_topology == "sentinel" else KINDS
+    kinds = tuple(k for k in args.faults.split(",") if k) or allowed
+    if set(kinds) - set(allowed):
+        parser.error(f"--faults: choose from {','.join(allowed)}")
+    chaos = Chaos(args.seconds, args.seed, log_dir, kinds, args.redis_failure, args.redis_topology)
     try:
         chaos.setup()
         result = asyncio.run(chaos.run())
@@ -583,6 +633,8 @@ def main(argv: list[str] | None = None) -> int:
         chaos.stack.close()
         if chaos.proxy is not None:
             chaos.proxy.stop()
+        if chaos.sentinel is not None:
+            chaos.sentinel.stop()
     print(table(result))
     print(f"logs: {log_dir}")
     if args.json:

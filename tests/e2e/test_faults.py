@@ -483,7 +483,7 @@ async def test_a_refused_connection_is_routed_to_another_worker(
 
 
 async def test_a_gateway_over_rediss(upstream: SseUpstream, tmp_path: Path) -> None:
-    from tests.e2e.tls_redis import start_tls_only, tls_redis_server
+    from bench.redis7 import start_tls_only, tls_redis_server
 
     found = tls_redis_server()
     if found is None:
@@ -522,81 +522,26 @@ async def _pings(client: aioredis.Redis) -> bool:
 
 
 async def test_the_gateway_follows_a_sentinel_failover(upstream: SseUpstream, tmp_path: Path) -> None:
-    from tests.e2e.tls_redis import tls_redis_server
+    from bench.redis7 import tls_redis_server
+    from bench.sentinel import SentinelSet
 
     found = tls_redis_server()  # Debian's redis-server 7 (it runs as redis-sentinel too)
     if found is None:
         pytest.skip("no redis-server 7 binary: set KVGATE_TLS_REDIS_SERVER (needs apt-get otherwise)")
-    binary, env = found
-    primary_port, replica_port, sentinel_port = free_port(), free_port(), free_port()
-    base = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(name: str, *args: str) -> None:
-        work = tmp_path / name
-        work.mkdir(exist_ok=True)
-        log = (work / "log").open("wb")
-        procs[name] = subprocess.Popen(
-            [binary, *args], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work
-        )
-
-    start("primary", "--port", str(primary_port), *base, "--dir", str(tmp_path / "primary"))
-    start("replica", "--port", str(replica_port), *base, "--dir", str(tmp_path / "replica"),
-          "--replicaof", "127.0.0.1", str(primary_port))  # fmt: skip
-    conf = tmp_path / "sentinel.conf"
-    conf.write_text(
-        f"port {sentinel_port}\nbind 127.0.0.1\nsentinel monitor kvg 127.0.0.1 {primary_port} 1\n"
-        "sentinel down-after-milliseconds kvg 1000\nsentinel failover-timeout kvg 5000\n"
-    )
-    (tmp_path / "sentinel").mkdir()
-    procs["sentinel"] = subprocess.Popen(
-        [binary, str(conf), "--sentinel"], env=env, cwd=tmp_path / "sentinel",
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    url = f"sentinel://127.0.0.1:{sentinel_port}/kvg"
+    redis_set = SentinelSet(*found, tmp_path).start()  # primary + replica + sentinel, replica known
     upstream.release.set()
     try:
-        replica = aioredis.Redis.from_url(f"redis://127.0.0.1:{replica_port}/0", decode_responses=True)
-        await poll(lambda: _replicating(replica), 20, "the replica in sync")
-        sentinel = aioredis.Redis(host="127.0.0.1", port=sentinel_port, decode_responses=True)
-
-        async def sentinel_knows_the_replica() -> bool:
-            # a sentinel learns of replicas from the primary's INFO (every 10 s); killed before that,
-            # the primary has no replica to fail over to and no promotion ever comes
-            try:
-                return len(await sentinel.execute_command("SENTINEL", "REPLICAS", "kvg")) > 0
-            except Exception:
-                return False
-
-        await poll(sentinel_knows_the_replica, 30, "the sentinel to discover the replica")
-        await sentinel.aclose()
-        gw = gateway(url, upstream, tmp_path)
+        gw = gateway(redis_set.url, upstream, tmp_path)
         async with gateways(gw):
             assert (await send(gw.url, chat(MODEL, "before"))).status == 200
-            procs["primary"].kill()  # the primary dies; the sentinel promotes the replica
-            procs["primary"].wait()
-
-            async def promoted() -> bool:
-                try:  # the server drops its clients when its role changes
-                    return (await replica.info("replication")).get("role") == "master"
-                except Exception:
-                    return False
-
-            await poll(promoted, 30, "the sentinel to promote the replica")
+            old = redis_set.primary_url
+            await asyncio.get_running_loop().run_in_executor(None, redis_set.failover)  # kill, promote
+            assert redis_set.primary_url != old
             await poll(lambda: ready(gw), 20, "the gateway ready on the new primary")
             after = await send(gw.url, chat(MODEL, "after"))
             assert after.status == 200, after.body[:300]
-            assert (await replica.hgetall(quota_key(MODEL)))["total"] == "3"  # admission on the new one
-        await replica.aclose()
+            primary = aioredis.Redis.from_url(redis_set.primary_url, decode_responses=True)
+            assert (await primary.hgetall(quota_key(MODEL)))["total"] == "3"  # admission on the new one
+            await primary.aclose()
     finally:
-        for proc in procs.values():
-            proc.kill()
-            proc.wait()
-
-
-async def _replicating(replica: aioredis.Redis) -> bool:
-    try:
-        info = await replica.info("replication")
-    except Exception:
-        return False
-    return info.get("master_link_status") == "up"
+        redis_set.stop()

