@@ -50,10 +50,14 @@ async def waiting_lease(client: aioredis.Redis) -> str | None:
     return None
 
 
-async def counts(client: aioredis.Redis) -> tuple[int, dict[bytes | str, bytes | str]]:
-    return await client.zcard(keys.model_key(MODEL, "leases")), await client.hgetall(
-        keys.model_key(MODEL, "used")
-    )
+async def _seat_held_without_worker(client: aioredis.Redis) -> bool:
+    return await waiting_lease(client) is not None
+
+
+async def _seats_back(client: aioredis.Redis) -> bool:
+    """No lease left and every used count 0."""
+    used = await client.hgetall(keys.model_key(MODEL, "used"))
+    return await client.zcard(keys.model_key(MODEL, "leases")) == 0 and not any(int(v) for v in used.values())
 
 
 async def test_a_lease_lost_while_waiting_for_its_worker_is_a_503_and_no_seat_leaks(
@@ -70,11 +74,11 @@ async def test_a_lease_lost_while_waiting_for_its_worker_is_a_503_and_no_seat_le
             running = spawn(send(gw.url, chat(MODEL, "runs", stream=True)), name="running")
             await poll(lambda: _reached(upstream, 1), 10, "the first request at the worker")
             waiting = spawn(send(gw.url, chat(MODEL, "waits", stream=True)), name="waiting")
-
-            async def seat_held_without_worker() -> bool:
-                return await waiting_lease(client) is not None
-
-            await poll(seat_held_without_worker, 10, "the second request holding a seat, waiting for room")
+            await poll(
+                lambda: _seat_held_without_worker(client),
+                10,
+                "the second request holding a seat, waiting for room",
+            )
             rid = await waiting_lease(client)
             assert rid is not None
             await client.zadd(keys.model_key(MODEL, "leases"), {rid: int(time.time() * 1000) - 1})  # expired
@@ -86,11 +90,7 @@ async def test_a_lease_lost_while_waiting_for_its_worker_is_a_503_and_no_seat_le
             assert second.headers.get("Retry-After") == "1"
             assert len(upstream.first_sent_at) == 1  # the request whose lease was lost never ran
 
-            async def seats_back() -> bool:
-                leases, used = await counts(client)
-                return leases == 0 and not any(int(v) for v in used.values())
-
-            await poll(seats_back, 10, "every seat back (no lease, used counts 0)")
+            await poll(lambda: _seats_back(client), 10, "every seat back (no lease, used counts 0)")
             assert "gateway_error" not in gw.output() and "Traceback" not in gw.output()
             after = await send(gw.url, chat(MODEL, "after"))
             assert after.status == 200, after.body[:300]  # the quota is whole again
@@ -115,11 +115,11 @@ async def test_a_worker_deregistered_while_a_request_waits_for_it_is_a_503(
             running = spawn(send(gw.url, chat(MODEL, "runs", stream=True)), name="running")
             await poll(lambda: _reached(upstream, 1), 10, "the first request at the worker")
             waiting = spawn(send(gw.url, chat(MODEL, "waits", stream=True)), name="waiting")
-
-            async def seat_held_without_worker() -> bool:
-                return await waiting_lease(client) is not None
-
-            await poll(seat_held_without_worker, 10, "the second request holding a seat, waiting for room")
+            await poll(
+                lambda: _seat_held_without_worker(client),
+                10,
+                "the second request holding a seat, waiting for room",
+            )
             # leaving as an agent does: drain (seen by the mirror within refresh_ms), then deregister
             await registry.set_draining(client, MODEL, "w1", True)
             await asyncio.sleep(0.5)
@@ -131,11 +131,7 @@ async def test_a_worker_deregistered_while_a_request_waits_for_it_is_a_503(
             upstream.release.set()
             assert (await running).status == 200  # the running one finishes on its worker
 
-            async def seats_back() -> bool:
-                leases, used = await counts(client)
-                return leases == 0 and not any(int(v) for v in used.values())
-
-            await poll(seats_back, 10, "every seat back (no lease, used counts 0)")
+            await poll(lambda: _seats_back(client), 10, "every seat back (no lease, used counts 0)")
             assert "gateway_error" not in gw.output() and "Traceback" not in gw.output()
     finally:
         await client.aclose()
