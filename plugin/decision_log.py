@@ -58,7 +58,7 @@ class DecisionLog:
     def record(self, entry: dict[str, Any]) -> None:
         """Queue one record (hot path: a list append)."""
         if self.to_log:
-            logger.info("decision %s", json.dumps(entry, separators=(",", ":")))
+            logger.info("decision %s", _encode_one(entry))
         if self.redis is None and self.file is None:
             return
         if len(self._buffer) >= MAX_BUFFER:
@@ -112,8 +112,12 @@ class DecisionLog:
             await self.flush()
 
 
+# one encoder for every record: `json.dumps` with options builds a new one per call
+_encode_one = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def _encode(batch: list[dict[str, Any]]) -> list[str]:
-    return [json.dumps(entry, separators=(",", ":")) for entry in batch]
+    return [_encode_one(entry) for entry in batch]
 
 
 def _append(path: Path, lines: list[str], max_bytes: int) -> None:

@@ -1,20 +1,28 @@
 """The gateway's Prometheus metrics, on prometheus-client with a registry of their own.
 
-Each metric keeps the prometheus-client child of every label set it has seen, so the hot path pays
-one dict lookup and the child's locked add per observation. `_created` series are off (they double
-every counter's series and no dashboard reads them). The registry is served at /metrics on the
-metrics port (plugin/metrics_server.py) only.
+Each metric keeps its series in a plain dict (`_Family`), so the hot path pays one dict lookup and one
+add per observation; a scrape collects them as prometheus-client metric families. There are no
+`_created` series (they would double every counter's series and no dashboard reads them). The registry
+is served at /metrics on the metrics port (plugin/metrics_server.py) only.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
+from bisect import bisect_left
 from collections.abc import Iterator
 from typing import Any
 
-import prometheus_client
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import SummaryMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    SummaryMetricFamily,
+)
+from prometheus_client.utils import floatToGoString
 
 LabelValues = tuple[str, ...]
 
@@ -25,72 +33,116 @@ REDIS_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 
 
 class _Family:
-    """One prometheus-client metric and its children by label values."""
+    """One metric's series by label values, in a plain dict the hot path adds to: no lock and no
+    prometheus-client call per observation (each cost several Python calls, bench.hook_cost). The
+    registry collects a copy at scrape time through prometheus-client's own metric families, so the
+    exposition is the one its Counter, Gauge and Histogram give for the same observations."""
 
     kind = ""
-    factory: Any = None  # the prometheus-client class
+    family: Any = None  # the prometheus-client metric family class of the scrape
 
     def __init__(
-        self, registry: CollectorRegistry, name: str, help_text: str, labels: tuple[str, ...] = (),
-        **options: Any,
-    ) -> None:  # fmt: skip
-        self.metric = self.factory(name, help_text, labels, registry=registry, **options)
-        self.name, self.label_names = name, labels
-        self.children: dict[LabelValues, Any] = {}
+        self, registry: CollectorRegistry, name: str, help_text: str, labels: tuple[str, ...] = ()
+    ) -> None:
+        self.name, self.help, self.label_names = name, help_text, labels
+        self.series: dict[LabelValues, Any] = {}
+        if not labels:  # a metric without labels has its one series from the start
+            self.series[()] = self._zero()
+        registry.register(self)
 
-    def child(self, labels: LabelValues) -> Any:
-        child = self.children.get(labels)
-        if child is None:
-            child = self.children[labels] = self.metric.labels(*labels) if self.label_names else self.metric
-        return child
+    def _zero(self) -> Any:
+        return 0.0
+
+    def _new(self, labels: LabelValues) -> Any:
+        """The first observation of a label set (checked once, as prometheus-client's `labels()`)."""
+        if len(labels) != len(self.label_names):
+            raise ValueError(f"{self.name}: {len(labels)} label values for {self.label_names}")
+        cell = self.series[labels] = self._zero()
+        return cell
 
     def clear(self) -> None:
-        self.children.clear()
-        if self.label_names:
-            self.metric.clear()
+        self.series.clear()
+        if not self.label_names:
+            self.series[()] = self._zero()
 
-    def sample(self, suffix: str, labels: LabelValues) -> float:
-        """A sample's value read back from the registry (tests and scrape-time code, not the hot path)."""
-        want = dict(zip(self.label_names, labels, strict=True))
-        for family in self.metric.collect():
-            for s in family.samples:
-                if s.name == self.name.removesuffix("_total") + suffix and s.labels == want:
-                    return float(s.value)
-        return 0.0
+    def forget(self, labels: LabelValues) -> None:
+        self.series.pop(labels, None)
+
+    def collect(self) -> Iterator[Any]:
+        family = self.family(self.name, self.help, labels=self.label_names)
+        for labels, cell in list(self.series.items()):  # a copy: the hot path adds meanwhile
+            self._add(family, tuple(str(v) for v in labels), cell)
+        yield family
+
+    def describe(self) -> Iterator[Any]:
+        yield self.family(self.name, self.help, labels=self.label_names)
+
+    def _add(self, family: Any, labels: list[str] | tuple[str, ...], cell: Any) -> None:
+        family.add_metric(labels, cell)
 
 
 class Counter(_Family):
-    kind, factory = "counter", prometheus_client.Counter
+    kind, family = "counter", CounterMetricFamily
 
     def inc(self, *labels: str, by: float = 1.0) -> None:
-        self.child(labels).inc(by)
+        if by < 0:
+            raise ValueError(f"{self.name}: counters only go up, not by {by}")
+        series = self.series
+        value = series.get(labels)
+        series[labels] = (self._new(labels) if value is None else value) + by
 
     def get(self, *labels: str) -> float:
-        return self.sample("_total", labels) if labels in self.children else 0.0
+        return float(self.series.get(labels, 0.0))
 
 
 class Gauge(_Family):
-    kind, factory = "gauge", prometheus_client.Gauge
+    kind, family = "gauge", GaugeMetricFamily
 
     def set(self, value: float, *labels: str) -> None:
-        self.child(labels).set(value)
+        if labels not in self.series:
+            self._new(labels)
+        self.series[labels] = float(value)
 
     def get(self, *labels: str) -> float:
-        return self.sample("", labels) if labels in self.children else 0.0
+        return float(self.series.get(labels, 0.0))
 
     @property
     def values(self) -> dict[LabelValues, float]:
-        return {labels: self.sample("", labels) for labels in self.children}
+        return dict(self.series)
 
 
 class Histogram(_Family):
-    kind, factory = "histogram", prometheus_client.Histogram  # options: buckets=
+    """Per label set one list: the count of each bucket (the first upper bound >= the value, +Inf
+    last), then the sum of the values."""
+
+    kind, family = "histogram", HistogramMetricFamily
+
+    def __init__(
+        self, registry: CollectorRegistry, name: str, help_text: str, labels: tuple[str, ...] = (),
+        *, buckets: tuple[float, ...],
+    ) -> None:  # fmt: skip
+        self.bounds = [*map(float, buckets), *(() if buckets[-1] == math.inf else (math.inf,))]
+        self.le = [floatToGoString(b) for b in self.bounds]  # type: ignore[no-untyped-call]
+        super().__init__(registry, name, help_text, labels)
+
+    def _zero(self) -> list[float]:
+        return [0.0] * (len(self.bounds) + 1)
 
     def observe(self, value: float, *labels: str) -> None:
-        self.child(labels).observe(value)
+        cell = self.series.get(labels)
+        if cell is None:
+            cell = self._new(labels)
+        cell[bisect_left(self.bounds, value)] += 1.0
+        cell[-1] += value
 
     def count(self, *labels: str) -> int:
-        return int(self.sample("_count", labels)) if labels in self.children else 0
+        cell = self.series.get(labels)
+        return int(sum(cell[:-1])) if cell is not None else 0
+
+    def _add(self, family: Any, labels: list[str] | tuple[str, ...], cell: Any) -> None:
+        *counts, total = cell  # a copy: the hot path adds meanwhile
+        cumulative = list(zip(self.le, itertools.accumulate(counts), strict=True))
+        family.add_metric(labels, cumulative, sum_value=total)
 
 
 class HotPathCpu:
@@ -103,14 +155,21 @@ class HotPathCpu:
     label_names = ("model", "stage", "arm")
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.ns: dict[LabelValues, int] = {}
-        self.calls: dict[LabelValues, int] = {}
+        self.cells: dict[LabelValues, list[int]] = {}  # (model, stage, arm) -> [stage runs, ns]
         registry.register(self)
 
     def add(self, model: str, stage: str, arm: str, ns: int) -> None:
-        key = (model, stage, arm)
-        self.ns[key] = self.ns.get(key, 0) + ns
-        self.calls[key] = self.calls.get(key, 0) + 1
+        self.add_request(model, arm, {stage: ns})
+
+    def add_request(self, model: str, arm: str, stage_ns: dict[str, int]) -> None:
+        """One request's stages (FlowState.stage_ns), under its model and arm."""
+        cells = self.cells
+        for stage, ns in stage_ns.items():
+            cell = cells.get((model, stage, arm))
+            if cell is None:
+                cell = cells[model, stage, arm] = [0, 0]
+            cell[0] += 1
+            cell[1] += ns
 
     def collect(self) -> Iterator[SummaryMetricFamily]:
         family = SummaryMetricFamily(
@@ -119,9 +178,8 @@ class HotPathCpu:
             "time of its synchronous code, awaits excluded.",
             labels=self.label_names,
         )
-        calls = dict(self.calls)
-        for key, ns in list(self.ns.items()):
-            family.add_metric(key, count_value=calls.get(key, 0), sum_value=ns / 1e9)
+        for key, (calls, ns) in [(k, list(c)) for k, c in list(self.cells.items())]:  # the hot path adds
+            family.add_metric(key, count_value=calls, sum_value=ns / 1e9)
         yield family
 
     def describe(self) -> Iterator[SummaryMetricFamily]:
@@ -269,7 +327,6 @@ class GatewayMetrics:
     sessions_closed: Counter
 
     def __init__(self) -> None:
-        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # idempotent
         self.registry = r = CollectorRegistry(auto_describe=True)
         for spec, help_text in _definitions(DEFINITIONS):
             attr, kind, name, *labels = spec.split()
@@ -296,9 +353,8 @@ class GatewayMetrics:
         for family in self.all():
             if not isinstance(family, _Family) or family.label_names[:2] != ("model", "worker"):
                 continue
-            for labels in [k for k in family.children if (k[0], k[1]) not in present]:
-                del family.children[labels]
-                family.metric.remove(*labels)
+            for labels in [k for k in family.series if (k[0], k[1]) not in present]:
+                family.forget(labels)
 
 
 def outcome_of(status: int) -> str:

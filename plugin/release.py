@@ -93,11 +93,9 @@ class Release:
         state.finished = True
         started = perf_counter_ns()
         self._account(flow, state, status, error)
-        cpu = self.ctx.metrics.hot_path_cpu  # the request's stages, under its arm (plugin/metrics.py)
-        model, arm = state.model, state.arm
-        for stage, ns in state.stage_ns.items():
-            cpu.add(model, stage, arm, ns)
-        cpu.add(model, "release", arm, perf_counter_ns() - started)
+        stages = state.stage_ns  # the request's stages, under its arm (plugin/metrics.py)
+        stages["release"] = perf_counter_ns() - started
+        self.ctx.metrics.hot_path_cpu.add_request(state.model, state.arm, stages)
 
     def _account(self, flow: http.HTTPFlow, state: FlowState, status: int, error: str) -> None:
         """Release the lease, count the outcome, write the decision record."""

@@ -76,15 +76,23 @@ class PrefixIndex:
         """worker -> number of leading blocks of `hashes` it holds (workers holding none are absent)."""
         result: dict[str, int] = {}
         alive: set[str] | None = None
-        for i, h in enumerate(hashes):
+        matched = 0  # leading blocks every worker in `alive` holds
+        for h in hashes:
             holders = self._holders.get(h)
             if not holders:
                 break
-            alive = set(holders) if alive is None else alive & holders
-            if not alive:
-                break
-            for w in alive:
-                result[w] = i + 1
+            if alive is None:
+                alive = set(holders)
+                result = dict.fromkeys(alive, 1)  # the workers in the order the walk met them
+            elif not alive <= holders:  # a block shared by all (the common case) allocates nothing
+                for w in alive - holders:
+                    result[w] = matched
+                alive &= holders
+                if not alive:
+                    return result
+            matched += 1
+        for w in alive or ():
+            result[w] = matched
         return result
 
     def match_kind(self, worker: str, hashes: Sequence[int], blocks: int) -> str:

@@ -144,13 +144,17 @@ class RoutingState:
         if self.insert_on_commit and self.worth_indexing(view.block_tokens):
             self.index.insert_routed(worker, view.prefix_hashes, now_s)
         stats, half_life, step = self.stats, self.config.rate_half_life_s, self._rate_step
+        last_s, decay = None, 1.0  # the decay since last_s: a prefix's blocks were mostly touched together
         for h in view.prefix_hashes:
             stat = stats.get(h)
             if stat is None:
                 stats[h] = PrefixStat(worker=worker, since_s=now_s, last_s=now_s, rate=step)
                 continue
             # stat.rate_at(now_s, half_life) inlined (the same float operations: hot loop, one per block)
-            stat.rate = stat.rate * 0.5 ** (max(0.0, now_s - stat.last_s) / half_life) + step
+            if stat.last_s != last_s:
+                last_s = stat.last_s
+                decay = 0.5 ** (max(0.0, now_s - last_s) / half_life)
+            stat.rate = stat.rate * decay + step
             stat.last_s = now_s
             if stat.worker != worker:
                 stat.worker, stat.since_s = worker, now_s

@@ -76,3 +76,39 @@ async def test_client_credentials_and_hop_headers_never_reach_the_worker() -> No
     assert sent.get_all("x-request-id") == ["rid-1"]
     for name in ("x-forwarded-for", "x-kvgate-worker", "connection", "x-hop"):
         assert name not in sent
+
+
+async def test_prefix_switches_count_a_prefix_moving_to_another_worker_and_nothing_else() -> None:
+    """kvgate_prefix_switches_total, on a real Router: +1 exactly when a prefix's request goes to
+    another worker than the prefix's previous request went to (not on its first request, not when it
+    stays, not for an unrelated prefix)."""
+    metrics, router = GatewayMetrics(), Router(RoutingSection())
+    w1 = WorkerRecord(id="w1", model=MODEL, url="http://10.0.0.8:8123", lease_expiry_ms=2**62)
+    dispatch = Dispatch(collect_usage=False, metrics=metrics)
+
+    async def send(text: str, workers: list[WorkerRecord]) -> str:
+        flow = request_flow({"model": MODEL, "messages": [{"role": "user", "content": text}]})
+        parsed = parse_completion(ENDPOINTS["chat"], flow.request.content or b"", LimitsSection())
+        prompt = hash_prompt(parsed.body, MODEL, 256)
+        state = FlowState(request_id="r", received_at=0.0, parsed=parsed, prompt=prompt,
+                          caller=Caller(tenant="t", band=Band.NORMAL, max_wait_s=0.0))  # fmt: skip
+        state.route = router.route(
+            request_id="r", model=MODEL, prompt=prompt, max_tokens=4, band=Band.NORMAL, tenant="t",
+            workers=workers,
+        )  # fmt: skip
+        assert state.route is not None
+        flow.metadata[STATE] = state
+        await dispatch.request(flow)  # type: ignore[arg-type]
+        router.finished(state.route)
+        return state.route.worker.id
+
+    def switches() -> float:
+        return metrics.prefix_switches.get(MODEL, "default")
+
+    shared, other = "a shared system prompt " * 100, "another conversation entirely " * 100
+    assert await send(shared, [WORKER]) == "w0" and switches() == 0  # first request: nowhere before
+    assert await send(shared, [WORKER]) == "w0" and switches() == 0  # stays
+    assert await send(shared, [w1]) == "w1" and switches() == 1  # moved w0 -> w1
+    assert await send(shared, [w1]) == "w1" and switches() == 1  # stays on w1 now
+    assert await send(other, [WORKER]) == "w0" and switches() == 1  # another prefix, first request
+    assert await send(shared, [WORKER]) == "w0" and switches() == 2  # moved back w1 -> w0

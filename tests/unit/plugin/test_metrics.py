@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import prometheus_client
+
 from plugin.metrics import DEFINITIONS, GatewayMetrics, outcome_of
+from policy.types import ReasonKind
 from tests.prom import samples
 
 
@@ -142,3 +145,38 @@ def test_series_of_workers_that_left_are_dropped() -> None:
     assert 'worker="w1"' in text and 'worker="w2"' not in text
     m.routed.inc("m", "w2", "hit", "default")  # it came back: a new series from 1
     assert m.routed.get("m", "w2", "hit", "default") == 1
+
+
+def test_exposition_is_prometheus_clients_own_for_the_same_observations() -> None:
+    """The plain-dict families render byte for byte what prometheus-client's Counter, Gauge and
+    Histogram render for the same observations (the registered metrics they replace on the hot path)."""
+    m = GatewayMetrics()
+    reference = prometheus_client.CollectorRegistry()
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+    buckets = m.ttft.bounds[:-1]
+    counter = prometheus_client.Counter(
+        "kvgate_routing_reasons_total", m.reasons.help, m.reasons.label_names, registry=reference
+    )
+    gauge = prometheus_client.Gauge("kvgate_draining", m.draining.help, registry=reference)
+    histogram = prometheus_client.Histogram(
+        "kvgate_ttft_seconds", m.ttft.help, m.ttft.label_names, registry=reference, buckets=buckets
+    )
+    errors = prometheus_client.Counter("kvgate_redis_errors_total", m.redis_errors.help, registry=reference)
+    for i, value in enumerate([0.003, 0.01, 0.0100001, 7.0, 61.0, 0.2, 0.01, 1e-9]):
+        arm = ("default", "candidate")[i % 2]
+        m.reasons.inc("llama", ReasonKind.CACHE_HIT, "exact", arm, by=value * 1000)
+        counter.labels("llama", ReasonKind.CACHE_HIT, "exact", arm).inc(value * 1000)
+        m.ttft.observe(value, "llama", arm)
+        histogram.labels("llama", arm).observe(value)
+        m.draining.set(i)
+        gauge.set(i)
+    m.redis_errors.inc()
+    errors.inc()
+    ours = {f.name: f for f in m.registry.collect()}
+    theirs = {f.name: f for f in reference.collect()}
+    assert len(theirs) == 4 and set(theirs) <= set(ours)
+    for name, family in theirs.items():
+        assert (ours[name].documentation, ours[name].type, ours[name].samples) == (
+            family.documentation, family.type, family.samples,
+        )  # fmt: skip
+    assert 'le="0.01"' in m.render() and m.ttft.count("llama", "default") == 4
