@@ -30,7 +30,7 @@ def article_policy(config: RoutingConfig) -> Profile:
         name="article",
         filters=(
             Eligible(),
-            StickyHold(window_s=config.sticky.window_s, overload_inflight=a.load_saturate_inflight),
+            StickyHold(config=config.sticky, overload_inflight=a.load_saturate_inflight),
         ),
         scorers=(
             (Load(saturate_at=a.load_saturate_inflight), a.w_load),

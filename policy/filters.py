@@ -9,9 +9,10 @@ would remove everyone they return the input unchanged.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from policy.config import ReplicaConfig, StickyConfig
 from policy.scorers import PredictedTtft, ServeCost, effective_hit_tokens, holding_costs_more, sticky_live
 from policy.types import RequestView, WorkerView
 
@@ -81,16 +82,15 @@ class StickyHold:
     `skip_rate_per_s`) are left to the replica cap instead (`inf` = never skip)."""
 
     ttft: PredictedTtft | None = None
-    window_s: float = 30.0
-    overload_ttft_s: float = 1.0
-    overload_ratio: float = 2.0
+    # window_s, overload_ttft_s and overload_ratio, with their defaults, are StickyConfig's
+    config: StickyConfig = field(default_factory=StickyConfig)
     overload_inflight: int = 32
     skip_rate_per_s: float = float("inf")
     cost: ServeCost | None = None
     name: str = "sticky-hold"
 
     def filter(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> list[WorkerView]:
-        if not sticky_live(req, now_s, self.window_s) or req.prefix_rate >= self.skip_rate_per_s:
+        if not sticky_live(req, now_s, self.config.window_s) or req.prefix_rate >= self.skip_rate_per_s:
             return list(workers)
         sticky = [w for w in workers if w.id == req.sticky_worker]
         if not sticky:
@@ -99,7 +99,7 @@ class StickyHold:
             return list(workers) if sticky[0].inflight >= self.overload_inflight else sticky
         ttfts = self.ttft.ttfts(req, workers)
         mine, best = ttfts[sticky[0].id], min(ttfts.values())
-        if mine > self.overload_ttft_s and mine > self.overload_ratio * best:
+        if mine > self.config.overload_ttft_s and mine > self.config.overload_ratio * best:
             return list(workers)
         others = [w for w in workers if w.id != sticky[0].id]
         if self.cost is not None and holding_costs_more(self.cost, req, sticky, others):
@@ -118,26 +118,26 @@ class ReplicaCap:
     non-holder (`holding_costs_more`)."""
 
     ttft: PredictedTtft
-    cap: int  # the defaults of these four are ReplicaConfig's (policy/config.py), defined once there
-    hot_rate_per_s: float
-    overload_ttft_s: float
-    overload_load_ratio: float
+    config: ReplicaConfig  # cap, hot_rate_per_s, overload_ttft_s, overload_load_ratio
     cost: ServeCost | None = None
     name: str = "replica-cap"
 
     def filter(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> list[WorkerView]:
         holders = [w for w in workers if effective_hit_tokens(req, w.id, self.ttft.min_gain) > 0]
-        if len(holders) < self.cap:
+        if len(holders) < self.config.cap:
             return list(workers)
         if self.cost is not None:
             non_holders = [w for w in workers if effective_hit_tokens(req, w.id, self.ttft.min_gain) <= 0]
             if holding_costs_more(self.cost, req, holders, non_holders):
                 return list(workers)
-        if req.prefix_rate >= self.hot_rate_per_s:
+        if req.prefix_rate >= self.config.hot_rate_per_s:
             best = min(self.ttft.ttfts(req, holders).values())
             others = [w.inflight for w in workers if effective_hit_tokens(req, w.id, self.ttft.min_gain) <= 0]
             least = min(w.inflight for w in holders)
             idle_other = min(others, default=least)
-            if best >= self.overload_ttft_s or least > self.overload_load_ratio * idle_other + 1:
+            if (
+                best >= self.config.overload_ttft_s
+                or least > self.config.overload_load_ratio * idle_other + 1
+            ):
                 return list(workers)
         return holders

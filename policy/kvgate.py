@@ -83,22 +83,8 @@ class KvgatePolicy:
         return (
             Eligible(),
             HardOverload(),
-            ReplicaCap(
-                ttft=ttft,
-                cap=c.replicas.cap,
-                hot_rate_per_s=c.replicas.hot_rate_per_s,
-                overload_ttft_s=c.replicas.overload_ttft_s,
-                overload_load_ratio=c.replicas.overload_load_ratio,
-                cost=cost,
-            ),
-            StickyHold(
-                ttft=ttft,
-                window_s=c.sticky.window_s,
-                overload_ttft_s=c.sticky.overload_ttft_s,
-                overload_ratio=c.sticky.overload_ratio,
-                skip_rate_per_s=c.replicas.hot_rate_per_s,
-                cost=cost,
-            ),
+            ReplicaCap(ttft=ttft, config=c.replicas, cost=cost),
+            StickyHold(ttft=ttft, config=c.sticky, skip_rate_per_s=c.replicas.hot_rate_per_s, cost=cost),
         )
 
     def decide(

@@ -177,18 +177,34 @@ def _held_cost(cost: ServeCost, req: RequestView, w: WorkerView, busy: float) ->
 
 
 @dataclass(frozen=True)
-class PrefixMatch:
+class PerWorker:
+    """A scorer that rates each worker on its own: `share`, clamped to [0, 1], or 0 for every worker
+    when the scorer does not apply to the request (`applies`)."""
+
+    def applies(self, req: RequestView) -> bool:
+        return True
+
+    def share(self, req: RequestView, w: WorkerView, now_s: float) -> float:
+        raise NotImplementedError
+
+    def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
+        if not self.applies(req):
+            return {w.id: 0.0 for w in workers}
+        return {w.id: clamp01(self.share(req, w, now_s)) for w in workers}
+
+
+@dataclass(frozen=True)
+class PrefixMatch(PerWorker):
     """score = hit_tokens / prompt_tokens, or 0 when below `min_gain` (0–1). 0 for an empty prompt."""
 
     min_gain: float = 0.0
     name: str = "prefix-match"
 
-    def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
-        if req.prompt_tokens <= 0:
-            return {w.id: 0.0 for w in workers}
-        return {
-            w.id: clamp01(effective_hit_tokens(req, w.id, self.min_gain) / req.prompt_tokens) for w in workers
-        }
+    def applies(self, req: RequestView) -> bool:
+        return req.prompt_tokens > 0
+
+    def share(self, req: RequestView, w: WorkerView, now_s: float) -> float:
+        return effective_hit_tokens(req, w.id, self.min_gain) / req.prompt_tokens
 
 
 @dataclass(frozen=True)
@@ -216,13 +232,13 @@ class QueueDepth(Load):
 
 
 @dataclass(frozen=True)
-class KvFree:
+class KvFree(PerWorker):
     """score = 1 − kv_usage (engine-reported KV cache usage 0–1, M)."""
 
     name: str = "kv-free"
 
-    def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
-        return {w.id: clamp01(1.0 - w.kv_usage) for w in workers}
+    def share(self, req: RequestView, w: WorkerView, now_s: float) -> float:
+        return 1.0 - w.kv_usage
 
 
 @dataclass(frozen=True)
@@ -247,7 +263,7 @@ def sticky_live(req: RequestView, now_s: float, window_s: float) -> bool:
 
 
 @dataclass(frozen=True)
-class ColdStart:
+class ColdStart(PerWorker):
     """score = discount × (1 − age / period_s) for a worker younger than period_s, else 0.
 
     A new worker has no cache, so cache-aware scores starve it; this share (discount 0–1, period ≥ 0)
@@ -258,10 +274,8 @@ class ColdStart:
     discount: float = 0.3
     name: str = "cold-start"
 
-    def score(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> dict[str, float]:
-        if self.period_s <= 0:
-            return {w.id: 0.0 for w in workers}
-        return {
-            w.id: clamp01(self.discount * (1.0 - max(0.0, now_s - w.joined_s) / self.period_s))
-            for w in workers
-        }
+    def applies(self, req: RequestView) -> bool:
+        return self.period_s > 0
+
+    def share(self, req: RequestView, w: WorkerView, now_s: float) -> float:
+        return self.discount * (1.0 - max(0.0, now_s - w.joined_s) / self.period_s)

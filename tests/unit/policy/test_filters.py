@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from policy.config import ReplicaConfig, StickyConfig
 from policy.filters import Eligible, Filter, HardOverload, ImbalanceGuard, ReplicaCap, StickyHold
 from policy.scorers import PredictedTtft, TtftModel
 from policy.types import RequestView, WorkerView
@@ -79,7 +80,7 @@ PAIR = [WorkerView(id="a"), WorkerView(id="b")]
     ("flt", "request_view", "workers", "now_s", "expected"),
     [
         pytest.param(
-            StickyHold(TTFT, window_s=30),
+            StickyHold(TTFT, StickyConfig(window_s=30)),
             req(sticky_worker="b", sticky_since_s=0.0),
             PAIR,
             10.0,
@@ -87,7 +88,7 @@ PAIR = [WorkerView(id="a"), WorkerView(id="b")]
             id="sticky: held in window",
         ),
         pytest.param(
-            StickyHold(TTFT, window_s=30),
+            StickyHold(TTFT, StickyConfig(window_s=30)),
             req(sticky_worker="b", sticky_since_s=0.0),
             PAIR,
             31.0,
@@ -95,7 +96,7 @@ PAIR = [WorkerView(id="a"), WorkerView(id="b")]
             id="sticky: window over",
         ),
         pytest.param(
-            StickyHold(TTFT, window_s=30),
+            StickyHold(TTFT, StickyConfig(window_s=30)),
             req(sticky_worker="gone", sticky_since_s=0.0),
             PAIR,
             1.0,
@@ -103,7 +104,7 @@ PAIR = [WorkerView(id="a"), WorkerView(id="b")]
             id="sticky: worker disappeared",
         ),
         pytest.param(
-            StickyHold(TTFT, window_s=30, overload_ttft_s=1.0, overload_ratio=2.0),
+            StickyHold(TTFT, StickyConfig(window_s=30, overload_ttft_s=1.0, overload_ratio=2.0)),
             req(sticky_worker="b", sticky_since_s=0.0),
             [WorkerView(id="a"), WorkerView(id="b", pending_prefill_tokens=5000)],
             1.0,
@@ -111,7 +112,7 @@ PAIR = [WorkerView(id="a"), WorkerView(id="b")]
             id="sticky: overloaded worker released (6 s vs 1 s)",
         ),
         pytest.param(
-            StickyHold(TTFT, window_s=30, overload_ttft_s=10.0, overload_ratio=2.0),
+            StickyHold(TTFT, StickyConfig(window_s=30, overload_ttft_s=10.0, overload_ratio=2.0)),
             req(sticky_worker="b", sticky_since_s=0.0),
             [WorkerView(id="a"), WorkerView(id="b", pending_prefill_tokens=5000)],
             1.0,
@@ -119,7 +120,7 @@ PAIR = [WorkerView(id="a"), WorkerView(id="b")]
             id="sticky: below absolute overload threshold still held",
         ),
         pytest.param(
-            StickyHold(None, window_s=30, overload_inflight=4),
+            StickyHold(None, StickyConfig(window_s=30), overload_inflight=4),
             req(sticky_worker="b", sticky_since_s=0.0),
             [WorkerView(id="a"), WorkerView(id="b", inflight=4)],
             1.0,
@@ -127,7 +128,7 @@ PAIR = [WorkerView(id="a"), WorkerView(id="b")]
             id="sticky without ttft model: inflight threshold",
         ),
         pytest.param(
-            StickyHold(TTFT, window_s=30, skip_rate_per_s=1.0),
+            StickyHold(TTFT, StickyConfig(window_s=30), skip_rate_per_s=1.0),
             req(sticky_worker="b", sticky_since_s=0.0, prefix_rate=2.0),
             PAIR,
             1.0,
@@ -206,5 +207,7 @@ HELD_BY_AB = {"prefix_hits": {"a": 2, "b": 2}}
 def test_replica_cap(
     cap: int, request_view: RequestView, workers: list[WorkerView], expected: list[str]
 ) -> None:
-    flt = ReplicaCap(TTFT, cap=cap, hot_rate_per_s=1.0, overload_ttft_s=1.0, overload_load_ratio=1.25)
+    flt = ReplicaCap(
+        TTFT, ReplicaConfig(cap=cap, hot_rate_per_s=1.0, overload_ttft_s=1.0, overload_load_ratio=1.25)
+    )
     assert ids(flt.filter(request_view, workers, 0.0)) == expected
