@@ -272,6 +272,8 @@ class WorkerAgent:
             ("kv_decode_errors_total", "counter", kv.decode_errors, "Undecodable KV-event messages."),
             ("kv_write_errors_total", "counter", kv.write_errors, "KV-event batches not written to Redis."),
             ("kv_replays_total", "counter", kv.replays, "KV-event gaps filled from the replay socket."),
+            ("kv_tail_probe_recoveries_total", "counter", kv.tail_probes_found,
+             "Idle probes of the replay socket that found lost tail batches (no later batch showed a gap)."),
             ("kv_replay_failures_total", "counter", kv.replay_failures,
              "KV-event gaps the replay could not fill (the index was reset)."),
             ("kv_last_recovery_seconds", "gauge", kv.last_recovery_s,

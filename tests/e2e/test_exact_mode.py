@@ -402,3 +402,41 @@ async def test_lora_adapters_and_cache_salts_get_keys_of_their_own(
             seen.append(keys)
     finally:
         await runner.cleanup()
+
+
+async def test_a_lost_tail_batch_comes_back_from_the_idle_probe_and_is_counted(
+    redis: aioredis.Redis, redis_url: str, processes: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    """The last batch is lost and no later batch shows the gap: the agent's probe of the replay socket
+    after half a quiet heartbeat gets it back, and kvgate_agent_kv_tail_probe_recoveries_total counts it."""
+    zmq_pub, zmq_replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    runner, url = await start_worker(
+        MODEL, "t0", time_scale=0.02, kv_events_endpoint=zmq_pub, kv_events_replay_endpoint=zmq_replay
+    )
+    try:
+        port = free_port()
+        processes("agent", "--worker-url", url, "--model", MODEL, "--worker-id", "t0", "--redis", redis_url,
+                  "--kv-events", zmq_pub, "--kv-events-replay", zmq_replay, "--port", str(port),
+                  "--heartbeat-ms", "200", "--router-block-size", "0")  # fmt: skip
+
+        async def registered() -> bool:
+            return [r.id for r in await registry.read_workers(redis, MODEL, 0)] == ["t0"]
+
+        await poll(registered, WAIT_S, "the agent registered", interval_s=0.05)
+        first = chat(MODEL, "first", system=SYSTEM, max_tokens=2)
+        lost = chat(MODEL, "lost", system=SYSTEM.upper(), max_tokens=2)
+        await warm(redis, url, "t0", first)
+        assert (await post(f"{url}/kvgate/kv_faults", {"drop": 1}))[0] == 200
+        status, _, text = await post(f"{url}/v1/chat/completions", lost)  # the last batch, lost
+        assert status == 200, text
+
+        async def whole() -> bool:
+            index = await index_store.load_snapshot(redis, MODEL)
+            return prefix_keys(lost) <= set(index.get("t0", ()))
+
+        await poll(whole, WAIT_S, "the lost tail batch is back in the index", interval_s=0.02)
+        _, body = await get(f"http://127.0.0.1:{port}/metrics")
+        assert metric(body.decode(), "kvgate_agent_kv_tail_probe_recoveries_total", worker="t0") == 1.0
+        assert metric(body.decode(), "kvgate_agent_kv_seq_gaps_total", worker="t0") == 0.0
+    finally:
+        await runner.cleanup()

@@ -19,7 +19,8 @@ from bench.emulator.metrics import EngineSnapshot, RequestMetrics, render
 
 AGENT_COUNTERS = [
     "cache_resets", "heartbeats", "kv_batches", "kv_decode_errors", "kv_events", "kv_missed_batches",
-    "kv_replay_failures", "kv_replays", "kv_seq_gaps", "kv_unknown_parent_blocks", "kv_write_errors",
+    "kv_replay_failures", "kv_replays", "kv_seq_gaps", "kv_tail_probe_recoveries", "kv_unknown_parent_blocks",
+    "kv_write_errors",
     "probe_errors", "redis_errors", "registrations", "scrape_errors", "worker_restarts",
 ]  # fmt: skip
 AGENT_GAUGES = [
