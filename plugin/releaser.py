@@ -2,7 +2,7 @@
 
 A flow's `release` hook must stay near-instant (the last chunk is sent only after it returns), so
 `Releaser.release()` only queues the lease; a background loop sends what one loop tick queued in one
-pipelined round trip (no task per request). A failed send is logged: the leases expire on their own.
+pipelined round trip (no task per request), after the response that gave it back was written. A failed send is logged: the leases expire on their own.
 """
 
 from __future__ import annotations
@@ -49,6 +49,11 @@ class Releaser:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            # Let the response that gave the lease back reach its client first: mitmproxy writes it one
+            # loop iteration after the `response` hook returns (with Python >= 3.12's eager tasks, the
+            # hook task then waits for its connection's event lock), and this task, woken during the
+            # hook, would otherwise pack and send the batch before that write.
+            await asyncio.sleep(0)
             await self.send_queued()
 
     async def send_queued(self) -> None:
