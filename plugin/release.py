@@ -4,8 +4,9 @@
 adds the `x-kvgate-*` headers; `response` (finished) and `error` (upstream failure, client gone,
 killed) both end the flow through `finish()`, which pops the lease from the flow state, so whichever
 hook comes first releases it and the other finds nothing (MITMPROXY.md §2.5). Every Redis write
-(release, decision record) runs in the background: these hooks stay near-instant because the last
-chunk is sent only after `response` returns.
+(release, decision record) runs in the background, and the outcome's metrics and record are built
+after the response was written: these hooks stay near-instant because the last chunk is sent only
+after `response` returns.
 """
 
 from __future__ import annotations
@@ -87,18 +88,15 @@ class Release:
         self.finish(flow, state, status=status, error=message)
 
     def finish(self, flow: http.HTTPFlow, state: FlowState, *, status: int, error: str) -> None:
-        """End the flow's accounting; safe to call more than once (only the first call acts)."""
+        """End the flow's accounting; safe to call more than once (only the first call acts).
+
+        The lease, the routing in-flight count and the session are settled now; the outcome's
+        metrics and decision record are written once the response has gone out (they only describe
+        it: `Releaser.after_response`), so they do not delay the response."""
         if state.finished:
             return
         state.finished = True
         started = perf_counter_ns()
-        self._account(flow, state, status, error)
-        stages = state.stage_ns  # the request's stages, under its arm (plugin/metrics.py)
-        stages["release"] = perf_counter_ns() - started
-        self.ctx.metrics.hot_path_cpu.add_request(state.model, state.arm, stages)
-
-    def _account(self, flow: http.HTTPFlow, state: FlowState, status: int, error: str) -> None:
-        """Release the lease, count the outcome, write the decision record."""
         ctx = self.ctx
         state.status, state.error = status, error
         lease, state.lease = state.lease, None
@@ -107,19 +105,33 @@ class Release:
                 asyncio.get_running_loop().call_later(ABORT_GRACE_S, ctx.releaser.release, lease)
             else:
                 ctx.releaser.release(lease)
+        if state.session is not None:
+            ctx.sessions.finished(state.model, state.session)
+        if state.parsed is not None and state.route is not None:
+            ctx.router.finished(state.route)
+        settled = perf_counter_ns() - started
+        ctx.releaser.after_response(lambda: self._account_timed(flow, state, status, error, settled))
+
+    def _account_timed(self, flow: http.HTTPFlow, state: FlowState, status: int, error: str, ns: int) -> None:
+        started = perf_counter_ns()
+        self._account(flow, state, status, error)
+        stages = state.stage_ns  # the request's stages, under its arm (plugin/metrics.py)
+        stages["release"] = ns + perf_counter_ns() - started
+        self.ctx.metrics.hot_path_cpu.add_request(state.model, state.arm, stages)
+
+    def _account(self, flow: http.HTTPFlow, state: FlowState, status: int, error: str) -> None:
+        """Count the outcome, write the decision record."""
+        ctx = self.ctx
         metrics = ctx.metrics
         model, band = state.model, state.band_name  # model "" when refused before parsing
         tenant, arm = (state.caller.tenant if state.caller else ""), state.arm
         metrics.requests.inc(model, band, str(status), arm)
         metrics.outcomes.inc(model, tenant, band, outcome_of(status), arm)
         route = state.route
-        if state.session is not None:
-            ctx.sessions.finished(model, state.session)
         if state.parsed is None or route is None:
             if state.refused is not None or state.parsed is not None:  # refused: one record too
                 ctx.decisions.record(self._refusal_record(state, status, error))
             return
-        ctx.router.finished(route)
         hits = route.view.prefix_hits
         hit = hits.get(route.worker.id, 0)
         metrics.reasons.inc(model, route.decision.kind, route.index_kind, arm)

@@ -5,8 +5,9 @@ parser layers (measured in-process: PING 149 us; acquire + release 500-740 us), 
 that saturates one core at a few hundred requests/s is a large share of the budget. `RespChannel`
 keeps one dedicated connection, writes each command at once and hands replies to the callers in
 FIFO order (Redis answers a connection's commands in order), so concurrent requests share the
-connection without waiting for each other; commands issued in the same event-loop tick go out in
-one write (one syscall, one read on the server). It speaks only what the scripts need: commands out,
+connection without waiting for each other. A command on an idle connection (no reply outstanding) is
+written at once; while replies are outstanding, the commands issued in the same event-loop tick go out
+in one write (one syscall, one read on the server). It speaks only what the scripts need: commands out,
 RESP2 replies in (integers, bulk and simple strings, errors, nested arrays). `for_client()` returns
 None for anything it does not handle (TLS, Unix sockets, RESP3, Sentinel, Cluster): callers then keep
 using redis-py. Replies are bytes, as from a redis-py client without decode_responses.
@@ -42,8 +43,15 @@ class _Protocol(asyncio.Protocol):
         self.lost = False
         self.outbox: list[bytes] = []  # commands of this loop tick, written together by flush()
 
-    def queue(self, command: bytes) -> None:
+    def queue(self, command: bytes, count: int = 1) -> None:
+        """Send `command` (`count` commands packed together, their futures already pending): at once
+        when the connection is idle (no other reply outstanding, nothing queued), so a lone request's
+        round trip starts now rather than one loop iteration later; otherwise with the other commands
+        of this loop tick, in one write (`flush`)."""
         if not self.outbox:
+            if len(self.pending) == count and self.transport is not None and not self.lost:
+                self.transport.write(command)
+                return
             asyncio.get_running_loop().call_soon(self.flush)
         self.outbox.append(command)
 
@@ -207,7 +215,7 @@ class RespChannel:
     async def pipeline_packed(self, commands: Sequence[bytes]) -> list[Any]:
         """`pipeline` of commands packed already (`pack`)."""
         protocol = await self._ready()
-        futures = [self._send(protocol, c) for c in commands]
+        futures = self._send_many(protocol, commands)
         try:
             return list(await asyncio.wait_for(asyncio.gather(*futures), self.timeout_s))
         except TimeoutError:
@@ -227,6 +235,18 @@ class RespChannel:
         protocol.pending.append(future)
         protocol.queue(command)
         return future
+
+    @staticmethod
+    def _send_many(protocol: _Protocol, commands: Sequence[bytes]) -> list[asyncio.Future[Any]]:
+        """`_send` of each command, written together (one write)."""
+        if protocol.lost or protocol.transport is None:
+            raise RedisConnectionError("connection to Redis lost")
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in commands]
+        protocol.pending.extend(futures)
+        if futures:
+            protocol.queue(b"".join(commands), len(futures))
+        return futures
 
     async def _ready(self) -> _Protocol:
         """The live connection; the first caller connects, concurrent callers wait for it (and take

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
+
 import redis.asyncio as aioredis
 
 from plugin.releaser import Releaser
 from policy.admission import Quota
 from policy.types import Band
-from store.slots import SlotPool, Ticket, set_quota
+from store.slots import Lease, SlotPool, Ticket, set_quota
 from tests.polling import until
 
 M = "m"
@@ -42,3 +45,34 @@ async def test_released_leases_reach_redis_in_the_background_and_on_close(
 
 async def _is(pool: SlotPool, n: int) -> bool:
     return await leases_in_redis(pool) == n
+
+
+async def test_a_batch_is_sent_after_what_the_loop_had_scheduled_when_it_was_queued(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    """mitmproxy writes a response one loop iteration after the `response` hook that released its
+    lease: the batch must go out after that write, not before it."""
+    await set_quota(redis, M, Quota(total=8))
+    client = aioredis.Redis.from_url(redis_url)
+    pool = SlotPool(client, gateway_id="gw", lease_ms=60_000, renew_every_ms=10_000)
+    await pool.start()
+    order: list[str] = []
+    try:
+        releaser = Releaser(pool)
+        await releaser.start()
+        lease = await pool.acquire(Ticket("w0", M, Band.NORMAL, "t"))
+        real = pool.release_many
+
+        async def release_many(leases: Sequence[Lease]) -> None:
+            order.append("send")
+            await real(leases)
+
+        pool.release_many = release_many  # type: ignore[method-assign]
+        releaser.release(lease)  # in the hook
+        asyncio.get_running_loop().call_soon(order.append, "response written")  # the next iteration
+        await until(lambda: _is(pool, 0), "the release to reach Redis")
+        assert order == ["response written", "send"]
+        await releaser.close()
+    finally:
+        await pool.close()
+        await client.aclose()

@@ -136,3 +136,28 @@ async def test_a_caller_cancelled_while_connecting_does_not_fail_the_callers_wai
         assert first.cancelled()
     finally:
         await channel.aclose()
+
+
+async def test_a_command_on_an_idle_connection_is_written_at_once_and_later_ones_together(
+    redis: aioredis.Redis,
+) -> None:
+    """The lone request's round trip starts before the loop runs again (no tick of delay); commands
+    issued while a reply is outstanding go out together at the end of the tick."""
+    channel = RespChannel.for_client(redis)
+    assert channel is not None
+    try:
+        await channel.execute("PING")  # connected
+        protocol = channel._protocol
+        assert protocol is not None
+        first = RespChannel._send(protocol, pack(("ECHO", "a")))
+        assert protocol.outbox == []  # already written
+        second = RespChannel._send(protocol, pack(("ECHO", "b")))
+        third = RespChannel._send_many(protocol, [pack(("ECHO", "c")), pack(("ECHO", "d"))])
+        assert len(protocol.outbox) == 2  # queued behind the outstanding reply, for one write
+        assert [await first, await second, *(await asyncio.gather(*third))] == [b"a", b"b", b"c", b"d"]
+        assert protocol.outbox == []
+        batch = RespChannel._send_many(protocol, [pack(("ECHO", "e")), pack(("ECHO", "f"))])
+        assert protocol.outbox == []  # idle again: the whole batch written at once, in order
+        assert await asyncio.gather(*batch) == [b"e", b"f"]
+    finally:
+        await channel.aclose()
