@@ -18,11 +18,19 @@ only whole words, or match normalized text, or whose pre-tokenizer depends on th
 input (Metaspace `prepend_scheme = "first"`), is not cut: its prompts are encoded whole (exact, not
 incremental).
 
+Long new pieces are cut again, into chunks of about `CHUNK_CHARS`, where the pre-tokenizer splits
+anyway: at a space after a printable ASCII character and before an ASCII letter, for the pre-tokenizers
+whose split rule makes that a boundary whatever comes before or after (GPT-2's byte-level regex, the
+Llama 3 / cl100k and Qwen 2 split patterns; no normalizer, no prefix space, deterministic BPE). The ids of
+a piece are the ids of its chunks in order, so the chunks are encoded in one parallel `encode_batch`.
+
 Event loop: `blocks_async` runs on the loop. New text under 16k characters in all (a warm prompt's
-tail) is encoded on the loop a few pieces at a time with a yield in between; more than that (a cold
-prompt) goes to a worker thread in one `encode_batch` call, which releases the GIL while it works.
-Long runs of new blocks are hashed in slices with a yield in between, so that a cold 32k-token prompt
-holds up other flows as little as possible (measured: `kvgate bench tokenize`, docs/BENCHMARKS.md).
+tail) is encoded on the loop in one `encode_batch` of its chunks (the tokenizer's threads share them;
+the loop waits ~1-2 ms). More than that (a cold prompt) goes to a worker thread that encodes one chunk
+per `encode_batch` call, so that the encoder keeps one core busy and leaves the other to the loop, and
+the GIL is held only to build each chunk's ids. Long runs of new blocks are hashed on the loop in slices
+with a yield in between, so that a cold 32k-token prompt holds up other flows as little as possible
+(measured: `kvgate bench tokenize`, docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -44,9 +52,20 @@ from tokenizers import Tokenizer as HfTokenizer
 from plugin.chat_template import TemplateError, compile_template, render, special_tokens
 from policy.prefix import token_block_hashes
 
-HASH_SLICE_BLOCKS = 256  # blocks hashed between two yields to the loop (~0.3-1 ms)
-THREAD_MIN_CHARS = 16_384  # a new piece this long (~4k tokens, >1.5 ms) is encoded in a worker thread
-LOOP_SLICE_CHARS = 4096  # shorter new pieces are encoded on the loop, this much text between yields
+HASH_SLICE_BLOCKS = 128  # blocks hashed between two yields to the loop (~0.2-0.5 ms)
+THREAD_MIN_CHARS = 16_384  # this much new text (~4k tokens, >1.5 ms) is encoded in a worker thread
+CHUNK_CHARS = 2048  # a longer new piece is encoded in chunks of about this size (module docstring)
+# a boundary of the pre-tokenizers below whatever surrounds it: " " + letter, after a printable character
+_SAFE_CUT = re.compile(r"(?<=[!-~]) (?=[A-Za-z])")
+# Split patterns (tokenizer.json) for which _SAFE_CUT is a boundary: Llama 3 / cl100k, Qwen 2
+_CHUNKABLE_SPLITS = frozenset(
+    {
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+        r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+        r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+    }
+)
 
 
 class LocalTokenizerError(ValueError):
@@ -86,6 +105,31 @@ def _incremental_ok(tok: HfTokenizer) -> bool:
     return '"prepend_scheme": "first"' not in json.dumps(spec.get("pre_tokenizer"))
 
 
+def _chunkable(tok: HfTokenizer) -> bool:
+    """Whether a piece may be encoded in chunks cut at _SAFE_CUT (module docstring): the pre-tokenizer is
+    GPT-2's byte-level regex, or a known Split pattern then byte level, with nothing position-dependent."""
+    spec = json.loads(tok.to_str())
+    model = spec.get("model") or {}
+    if spec.get("normalizer") is not None or model.get("type") != "BPE" or model.get("dropout"):
+        return False
+    pre = spec.get("pre_tokenizer") or {}
+    if pre.get("type") == "ByteLevel":
+        return bool(pre.get("use_regex", True)) and not pre.get("add_prefix_space", True)
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
+    if not isinstance(steps, list) or len(steps) != 2:
+        return False
+    split, byte_level = steps
+    return (
+        split.get("type") == "Split"
+        and (split.get("pattern") or {}).get("Regex") in _CHUNKABLE_SPLITS
+        and split.get("behavior") == "Isolated"
+        and not split.get("invert")
+        and byte_level.get("type") == "ByteLevel"
+        and not byte_level.get("use_regex", True)
+        and not byte_level.get("add_prefix_space", True)
+    )
+
+
 class LocalTokenizer:
     """One model's tokenizer + chat template, with the chain and piece caches (module docstring)."""
 
@@ -96,6 +140,7 @@ class LocalTokenizer:
         *,
         chain_entries: int = 16_384,
         piece_tokens: int = 4_000_000,
+        chunk_chars: int = CHUNK_CHARS,
     ) -> None:
         self.tokenizer = tokenizer
         source = config.get("chat_template")
@@ -108,6 +153,9 @@ class LocalTokenizer:
         self.specials = special_tokens(config)
         added = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len)
         self.incremental = bool(added) and _incremental_ok(tokenizer)
+        self.chunk_chars = chunk_chars if self.incremental and _chunkable(tokenizer) else 0
+        # the same ids without offsets, ~25 % less CPU (tokenizers >= 0.21); both release the GIL
+        self._batch: Any = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
         self._cut = re.compile("(" + "|".join(re.escape(t) for t in reversed(added)) + ")") if added else None
         self._chains: LRUCache[tuple[tuple[int, int], int, str], _Chain] = LRUCache(
             maxsize=max(1, chain_entries)
@@ -160,22 +208,11 @@ class LocalTokenizer:
         """Token-block hashes of a request (policy.prefix.token_block_hashes of its ids)."""
         text, special = self.prompt_text(body)
         plan = self._plan(text, special, block_size, model)
-        # much new text (a cold prompt): all of it in one thread call; encoding it on the loop a few
-        # pieces at a time still held the loop ~10 ms per slice of 4k + a <16k-character piece
-        cold = sum(map(len, plan.new)) >= THREAD_MIN_CHARS
-        big = plan.new if cold else []
-        small = [] if cold else plan.new
-        if big:  # off the loop: encode_batch releases the GIL
-            plan.fresh.update(
-                zip(big, map(tuple, await asyncio.to_thread(self._encode, big, special)), strict=True)
-            )
-        batch: list[str] = []
-        for piece in small:  # short pieces on the loop, a yield after every ~LOOP_SLICE_CHARS
-            batch.append(piece)
-            if sum(map(len, batch)) >= LOOP_SLICE_CHARS or piece is small[-1]:
-                plan.fresh.update(zip(batch, map(tuple, self._encode(batch, special)), strict=True))
-                batch = []
-                await asyncio.sleep(0)
+        if sum(map(len, plan.new)) >= THREAD_MIN_CHARS:  # a cold prompt: off the loop, on one core
+            ids = await asyncio.to_thread(self._encode_serial, plan.new, special)
+        else:  # a warm prompt's tail: on the loop, its chunks in parallel
+            ids = self._encode(plan.new, special) if plan.new else []
+        plan.fresh.update(zip(plan.new, ids, strict=True))
         self._remember(plan)
         out: LocalBlocks | None = None
         for out in self._extend(plan, model, block_size):
@@ -189,7 +226,7 @@ class LocalTokenizer:
         text, special = self.prompt_text(body)
         plan = self._plan(text, special, block_size, model)
         if plan.new:
-            plan.fresh.update(zip(plan.new, map(tuple, self._encode(plan.new, special)), strict=True))
+            plan.fresh.update(zip(plan.new, self._encode(plan.new, special), strict=True))
             self._remember(plan)
         out = None
         for out in self._extend(plan, model, block_size):  # noqa: B007 - the last value is the result
@@ -197,9 +234,47 @@ class LocalTokenizer:
         assert out is not None
         return out
 
-    def _encode(self, texts: Sequence[str], special: bool) -> list[list[int]]:
-        """One encode_batch call (it releases the GIL, plain encode does not)."""
-        return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=special)]
+    def chunks(self, piece: str, special: bool = False) -> list[str]:
+        """`piece` cut at _SAFE_CUT into chunks of about chunk_chars (whole if it is not chunkable)."""
+        size = self.chunk_chars
+        if not size or special or len(piece) < 2 * size:
+            return [piece]
+        out, start, search = [], 0, size
+        while search < len(piece) - size // 2:
+            cut = _SAFE_CUT.search(piece, search)
+            if cut is None or cut.start() >= len(piece) - size // 2:
+                break
+            out.append(piece[start : cut.start()])
+            start = cut.start()
+            search = start + size
+        out.append(piece[start:])
+        return out
+
+    def _encode(self, pieces: Sequence[str], special: bool) -> list[tuple[int, ...]]:
+        """The ids of each piece: one encode_batch of all their chunks (it releases the GIL and spreads
+        the chunks over the tokenizer's threads; plain encode does neither)."""
+        chunked = [self.chunks(p, special) for p in pieces]
+        flat = [c for chunks in chunked for c in chunks]
+        encoded = iter(self._batch(flat, add_special_tokens=special))
+        out = []
+        for chunks in chunked:
+            if len(chunks) == 1:
+                out.append(tuple(next(encoded).ids))
+            else:
+                out.append(tuple(i for _ in chunks for i in next(encoded).ids))
+        return out
+
+    def _encode_serial(self, pieces: Sequence[str], special: bool) -> list[tuple[int, ...]]:
+        """`_encode` one chunk per call (for a worker thread): a batch of one is encoded on the calling
+        thread with the GIL released, so the encoder takes one core and the loop keeps the other."""
+        encode = self._batch
+        out = []
+        for piece in pieces:
+            ids: list[int] = []
+            for chunk in self.chunks(piece, special):
+                ids += encode([chunk], add_special_tokens=special)[0].ids
+            out.append(tuple(ids))
+        return out
 
     def _remember(self, plan: _Plan) -> None:
         if plan.keys[0] is not None:  # incremental: pieces are worth keeping
