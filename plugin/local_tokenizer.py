@@ -94,9 +94,8 @@ def _seed(model: str) -> bytes:
     return blake2b(b"kvgate\x00" + model.encode(), digest_size=8).digest()
 
 
-def _incremental_ok(tok: HfTokenizer) -> bool:
-    """Whether encoding the pieces between added tokens equals encoding the whole text."""
-    spec = json.loads(tok.to_str())
+def _incremental_ok(spec: Mapping[str, Any]) -> bool:
+    """Whether encoding the pieces between added tokens equals encoding the whole text (tokenizer.json)."""
     for added in spec.get("added_tokens") or ():
         if added.get("lstrip") or added.get("rstrip") or added.get("single_word"):
             return False
@@ -105,10 +104,9 @@ def _incremental_ok(tok: HfTokenizer) -> bool:
     return '"prepend_scheme": "first"' not in json.dumps(spec.get("pre_tokenizer"))
 
 
-def _chunkable(tok: HfTokenizer) -> bool:
+def _chunkable(spec: Mapping[str, Any]) -> bool:
     """Whether a piece may be encoded in chunks cut at _SAFE_CUT (module docstring): the pre-tokenizer is
     GPT-2's byte-level regex, or a known Split pattern then byte level, with nothing position-dependent."""
-    spec = json.loads(tok.to_str())
     model = spec.get("model") or {}
     if spec.get("normalizer") is not None or model.get("type") != "BPE" or model.get("dropout"):
         return False
@@ -141,6 +139,7 @@ class LocalTokenizer:
         chain_entries: int = 16_384,
         piece_tokens: int = 4_000_000,
         chunk_chars: int = CHUNK_CHARS,
+        thread_min_chars: int = THREAD_MIN_CHARS,
     ) -> None:
         self.tokenizer = tokenizer
         source = config.get("chat_template")
@@ -152,8 +151,10 @@ class LocalTokenizer:
         )
         self.specials = special_tokens(config)
         added = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len)
-        self.incremental = bool(added) and _incremental_ok(tokenizer)
-        self.chunk_chars = chunk_chars if self.incremental and _chunkable(tokenizer) else 0
+        spec = json.loads(tokenizer.to_str())
+        self.incremental = bool(added) and _incremental_ok(spec)
+        self.chunk_chars = chunk_chars if self.incremental and _chunkable(spec) else 0
+        self.thread_min_chars = thread_min_chars
         # the same ids without offsets, ~25 % less CPU (tokenizers >= 0.21); both release the GIL
         self._batch: Any = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
         self._cut = re.compile("(" + "|".join(re.escape(t) for t in reversed(added)) + ")") if added else None
@@ -208,10 +209,11 @@ class LocalTokenizer:
         """Token-block hashes of a request (policy.prefix.token_block_hashes of its ids)."""
         text, special = self.prompt_text(body)
         plan = self._plan(text, special, block_size, model)
-        if sum(map(len, plan.new)) >= THREAD_MIN_CHARS:  # a cold prompt: off the loop, on one core
+        ids: list[tuple[int, ...]] = []
+        if plan.new and sum(map(len, plan.new)) >= self.thread_min_chars:  # cold: off the loop, one core
             ids = await asyncio.to_thread(self._encode_serial, plan.new, special)
-        else:  # a warm prompt's tail: on the loop, its chunks in parallel
-            ids = self._encode(plan.new, special) if plan.new else []
+        elif plan.new:  # a warm prompt's tail: on the loop, its chunks in parallel
+            ids = self._encode(plan.new, special)
         plan.fresh.update(zip(plan.new, ids, strict=True))
         self._remember(plan)
         out: LocalBlocks | None = None
