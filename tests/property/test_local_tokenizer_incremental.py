@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +45,24 @@ def _with_split(directory: Path, pattern: str) -> Path:
     return directory
 
 
+def _indented(seed: int) -> list[str]:
+    """Code-like lines (runs of spaces and tabs, digits, newlines), so that the vocabulary has tokens for
+    whitespace runs and digit groups: a cut inside a whitespace run would then change the ids."""
+    rng, vocab = random.Random(seed), toy_model.words(7)
+    return [
+        rng.choice(["", "  ", "    ", "\t", "        "]) + toy_model.sentence(rng, vocab, 8)
+        + rng.choice(["", "  ", " 42", " 2024", "\n\n", "   \n"]) + "\n"
+        for _ in range(400)
+    ]  # fmt: skip
+
+
+INDENTED = _indented(3)
+
+
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LocalTokenizer]:
     def build(name: str, flavour: str) -> Path:
-        return toy_model.build(tmp_path_factory.mktemp(name), flavour)
+        return toy_model.build(tmp_path_factory.mktemp(name), flavour, extra_corpus=INDENTED)
 
     directories = {
         "gpt2-regex/llama3-template": build("gpt2", "llama3"),
