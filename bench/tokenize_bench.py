@@ -54,31 +54,36 @@ async def warm_rounds(
 ) -> Any:
     rng, vocab = random.Random(11), toy_model.words(7)
     tok.blocks({"messages": prefix}, MODEL, BLOCK)  # the 30k tokens are seen
-    times, last = [], None
+    times, cpu, last = [], [], None
     for _ in range(rounds):
         body = {
             "messages": [*prefix, {"role": "user", "content": toy_model.sentence(rng, vocab, extra_words)}]
         }
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         last = await tok.blocks_async(body, MODEL, BLOCK)
         times.append(time.perf_counter() - started)
-    return times, last
+        cpu.append(time.process_time() - started_cpu)
+    return times, cpu, last
 
 
 async def cold_rounds(
     directory: Path, tokens: int, rounds: int
-) -> tuple[list[float], list[float], list[float], int]:
-    """Per round a fresh tokenizer and a new chat; the ticker's lateness samples while it runs."""
+) -> tuple[list[float], list[float], list[float], list[float], int]:
+    """Per round a fresh tokenizer and a new chat; the ticker's lateness samples while it runs, and the
+    loop thread's own CPU time between two ticks (what the code on the loop took, without the waits for
+    a core or the GIL that a busy machine adds)."""
     lateness: list[float] = []
+    loop_cpu: list[float] = []
     durations: list[float] = []
     running = asyncio.Event()
 
     async def ticker() -> None:
         while True:
-            due = time.perf_counter() + TICK_S
+            due, cpu = time.perf_counter() + TICK_S, time.thread_time()
             await asyncio.sleep(TICK_S)
             if running.is_set():
                 lateness.append(max(0.0, time.perf_counter() - due))
+                loop_cpu.append(time.thread_time() - cpu)
 
     probe = LocalTokenizer.load(directory)
     bodies = [{"messages": chat(100 + i, tokens, probe)} for i in range(rounds)]
@@ -90,6 +95,7 @@ async def cold_rounds(
         running.clear()
         idle = list(lateness)
         lateness.clear()
+        loop_cpu.clear()
         for body in bodies:
             tok = LocalTokenizer.load(directory)
             await asyncio.sleep(0.01)
@@ -100,7 +106,7 @@ async def cold_rounds(
             running.clear()
     finally:
         task.cancel()
-    return durations, lateness, idle, prompt_tokens
+    return durations, lateness, loop_cpu, idle, prompt_tokens
 
 
 async def run(
@@ -113,8 +119,8 @@ async def run(
     )
     tok = LocalTokenizer.load(directory)  # measured from a clean cache holding only the prefix
     extra_words = max(1, int((prompt_tokens - prefix_tokens) / per_word))
-    times, last = await warm_rounds(tok, prefix, extra_words, rounds)
-    cold_times, lateness, idle, cold_tokens = await cold_rounds(directory, prompt_tokens, cold)
+    times, cpu, last = await warm_rounds(tok, prefix, extra_words, rounds)
+    cold_times, lateness, loop_cpu, idle, cold_tokens = await cold_rounds(directory, prompt_tokens, cold)
     whole = LocalTokenizer.load(directory)
     text, special = whole.prompt_text({"messages": prefix})
     started = time.perf_counter()
@@ -124,9 +130,14 @@ async def run(
         "cached_prefix_tokens": last.cached_tokens,
         "p50": quantile(times, 0.5),
         "p99": quantile(times, 0.99),
+        "p50_cpu": statistics.median(cpu),  # CPU of all threads (the loop's and the encoder's) per round
         "loop_stall_p99": quantile(lateness, 0.99) if lateness else 0.0,
         "loop_stall_max": max(lateness, default=0.0),
         "loop_stall_idle_p99": quantile(idle, 0.99) if idle else 0.0,  # the ticker with nothing to wait for
+        "loop_stall_cpu_p99": quantile(loop_cpu, 0.99)
+        if loop_cpu
+        else 0.0,  # the loop's own CPU between ticks
+        "loop_stall_cpu_max": max(loop_cpu, default=0.0),
         "cold_prompt_tokens": cold_tokens,
         "cold_p50": statistics.median(cold_times),
         "whole_prefix_encode_s": time.perf_counter() - started,

@@ -208,6 +208,8 @@ class LocalTokenizer:
     async def blocks_async(self, body: Mapping[str, Any], model: str, block_size: int) -> LocalBlocks:
         """Token-block hashes of a request (policy.prefix.token_block_hashes of its ids)."""
         text, special = self.prompt_text(body)
+        if len(text) >= self.thread_min_chars:  # a long prompt: the render and the cut, ~1 ms each, apart
+            await asyncio.sleep(0)
         plan = self._plan(text, special, block_size, model)
         ids: list[tuple[int, ...]] = []
         if plan.new and sum(map(len, plan.new)) >= self.thread_min_chars:  # cold: off the loop, one core
