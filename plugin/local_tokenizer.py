@@ -22,15 +22,18 @@ Long new pieces are cut again, into chunks of about `CHUNK_CHARS`, where the pre
 anyway: at a space after a printable ASCII character and before an ASCII letter, for the pre-tokenizers
 whose split rule makes that a boundary whatever comes before or after (GPT-2's byte-level regex, the
 Llama 3 / cl100k and Qwen 2 split patterns; no normalizer, no prefix space, deterministic BPE). The ids of
-a piece are the ids of its chunks in order, so the chunks are encoded in one parallel `encode_batch`.
+a piece are the ids of its chunks in order, so the chunks of a warm prompt's new message are encoded in
+one parallel `encode_batch` (tests/property/test_local_tokenizer_incremental.py checks both cuts against
+a whole-text encode).
 
-Event loop: `blocks_async` runs on the loop. New text under 16k characters in all (a warm prompt's
-tail) is encoded on the loop in one `encode_batch` of its chunks (the tokenizer's threads share them;
-the loop waits ~1-2 ms). More than that (a cold prompt) goes to a worker thread that encodes one chunk
-per `encode_batch` call, so that the encoder keeps one core busy and leaves the other to the loop, and
-the GIL is held only to build each chunk's ids. Long runs of new blocks are hashed on the loop in slices
-with a yield in between, so that a cold 32k-token prompt holds up other flows as little as possible
-(measured: `kvgate bench tokenize`, docs/BENCHMARKS.md).
+Event loop: `blocks_async` runs on the loop. The chat template renders there with a yield every 0.5 ms
+(jinja2 generates a message at a time). New text under 16k characters in all (a warm prompt's tail) is
+encoded on the loop in one call (the loop waits ~1-2 ms). More than that (a cold prompt) goes to a worker
+thread that encodes one chunk per `encode_batch_fast` call: a batch of one runs on the calling thread
+with the GIL released, so the encoder keeps one core busy, leaves another to the loop, and holds the GIL
+only to build each chunk's ids. Long runs of new blocks are hashed on the loop in slices with a yield in
+between, so that a cold 32k-token prompt holds up other flows as little as possible (measured: `kvgate
+bench tokenize`, docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,12 +53,14 @@ import jinja2
 from cachetools import LRUCache
 from tokenizers import Tokenizer as HfTokenizer
 
-from plugin.chat_template import TemplateError, compile_template, render, special_tokens
+from plugin.chat_template import Rendering, TemplateError, compile_template, render, special_tokens
 from policy.prefix import token_block_hashes
 
 HASH_SLICE_BLOCKS = 128  # blocks hashed between two yields to the loop (~0.2-0.5 ms)
+RENDER_SLICE_S = 0.0005  # a chat template renders on the loop this long between two yields
 THREAD_MIN_CHARS = 16_384  # this much new text (~4k tokens, >1.5 ms) is encoded in a worker thread
-CHUNK_CHARS = 2048  # a longer new piece is encoded in chunks of about this size (module docstring)
+CHUNK_CHARS = 1024  # a piece twice as long is encoded in chunks of about this size (module docstring)
+PARALLEL_MIN_CHUNKS = 4  # encode_batch spreads a batch over its threads from about 4 texts on
 # a boundary of the pre-tokenizers below whatever surrounds it: " " + letter, after a printable character
 _SAFE_CUT = re.compile(r"(?<=[!-~]) (?=[A-Za-z])")
 # Split patterns (tokenizer.json) for which _SAFE_CUT is a boundary: Llama 3 / cl100k, Qwen 2
@@ -155,8 +161,9 @@ class LocalTokenizer:
         self.incremental = bool(added) and _incremental_ok(spec)
         self.chunk_chars = chunk_chars if self.incremental and _chunkable(spec) else 0
         self.thread_min_chars = thread_min_chars
-        # the same ids without offsets, ~25 % less CPU (tokenizers >= 0.21); both release the GIL
-        self._batch: Any = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+        # the same ids without offsets, ~25 % less CPU but on one thread (tokenizers >= 0.21, measured
+        # with 0.23.3); both release the GIL
+        self._fast: Any = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
         self._cut = re.compile("(" + "|".join(re.escape(t) for t in reversed(added)) + ")") if added else None
         self._chains: LRUCache[tuple[tuple[int, int], int, str], _Chain] = LRUCache(
             maxsize=max(1, chain_entries)
@@ -199,6 +206,21 @@ class LocalTokenizer:
             raise TemplateError("prompt: only a single text prompt is tokenized locally")
         return prompt, bool(body.get("add_special_tokens", True))
 
+    async def _prompt_text_async(self, body: Mapping[str, Any]) -> tuple[str, bool]:
+        """`prompt_text` with a yield to the loop every RENDER_SLICE_S of template rendering (a 32k-token
+        chat takes ~0.5-2 ms to render; jinja2 generates it a message at a time)."""
+        if "messages" not in body or self.template is None:
+            return self.prompt_text(body)
+        rendering = Rendering(self.template, body, self.specials)
+        parts: list[str] = []
+        since = time.perf_counter()
+        for part in rendering.parts():
+            parts.append(part)
+            if time.perf_counter() - since >= RENDER_SLICE_S:
+                await asyncio.sleep(0)
+                since = time.perf_counter()
+        return rendering.finish("".join(parts)), bool(body.get("add_special_tokens", False))
+
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         """The tokenizer's ids of `text` (the reference the incremental path must equal)."""
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -207,7 +229,7 @@ class LocalTokenizer:
     # -- blocks ----------------------------------------------------------------------------------------
     async def blocks_async(self, body: Mapping[str, Any], model: str, block_size: int) -> LocalBlocks:
         """Token-block hashes of a request (policy.prefix.token_block_hashes of its ids)."""
-        text, special = self.prompt_text(body)
+        text, special = await self._prompt_text_async(body)
         if len(text) >= self.thread_min_chars:  # a long prompt: the render and the cut, ~1 ms each, apart
             await asyncio.sleep(0)
         plan = self._plan(text, special, block_size, model)
@@ -255,11 +277,13 @@ class LocalTokenizer:
         return out
 
     def _encode(self, pieces: Sequence[str], special: bool) -> list[tuple[int, ...]]:
-        """The ids of each piece: one encode_batch of all their chunks (it releases the GIL and spreads
-        the chunks over the tokenizer's threads; plain encode does neither)."""
+        """The ids of each piece: one call for all their chunks; encode_batch from PARALLEL_MIN_CHUNKS on
+        (it spreads them over the tokenizer's threads), else encode_batch_fast (one thread, less CPU).
+        Both release the GIL, plain encode does not."""
         chunked = [self.chunks(p, special) for p in pieces]
         flat = [c for chunks in chunked for c in chunks]
-        encoded = iter(self._batch(flat, add_special_tokens=special))
+        batch = self.tokenizer.encode_batch if len(flat) >= PARALLEL_MIN_CHUNKS else self._fast
+        encoded = iter(batch(flat, add_special_tokens=special))
         out = []
         for chunks in chunked:
             if len(chunks) == 1:
@@ -271,7 +295,7 @@ class LocalTokenizer:
     def _encode_serial(self, pieces: Sequence[str], special: bool) -> list[tuple[int, ...]]:
         """`_encode` one chunk per call (for a worker thread): a batch of one is encoded on the calling
         thread with the GIL released, so the encoder takes one core and the loop keeps the other."""
-        encode = self._batch
+        encode = self._fast
         out = []
         for piece in pieces:
             ids: list[int] = []
