@@ -26,14 +26,14 @@ a piece are the ids of its chunks in order, so the chunks of a warm prompt's new
 one parallel `encode_batch` (tests/property/test_local_tokenizer_incremental.py checks both cuts against
 a whole-text encode).
 
-Event loop: `blocks_async` runs on the loop. The chat template renders there with a yield every 0.5 ms
-(jinja2 generates a message at a time). New text under 16k characters in all (a warm prompt's tail) is
-encoded on the loop in one call (the loop waits ~1-2 ms). More than that (a cold prompt) goes to a worker
-thread that encodes one chunk per `encode_batch_fast` call: a batch of one runs on the calling thread
-with the GIL released, so the encoder keeps one core busy, leaves another to the loop, and holds the GIL
-only to build each chunk's ids. Long runs of new blocks are hashed on the loop in slices with a yield in
-between, so that a cold 32k-token prompt holds up other flows as little as possible (measured: `kvgate
-bench tokenize`, docs/BENCHMARKS.md).
+Event loop: `blocks_async` runs on the loop and yields to it every ~0.25 ms of its own work
+(`LOOP_SLICE_S`): the chat template renders there (jinja2 generates it a message at a time), then the
+cut and the cache lookup, then the hashing, 32 blocks between two looks at the clock. New text under 16k
+characters in all (a warm prompt's tail) is encoded on the loop in one call (the loop waits ~1-2 ms).
+More than that (a cold prompt) goes to the one encoder thread, where cold prompts take turns; it encodes
+one chunk per `encode_batch_fast` call, and a batch of one runs on the calling thread with the GIL
+released. So the encoder keeps at most one core busy and leaves the other to the loop, and holds the GIL
+only to build each chunk's ids (measured: `kvgate bench tokenize`, docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ import re
 import time
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from hashlib import blake2b
 from pathlib import Path
@@ -56,11 +57,14 @@ from tokenizers import Tokenizer as HfTokenizer
 from plugin.chat_template import Rendering, TemplateError, compile_template, render, special_tokens
 from policy.prefix import token_block_hashes
 
-HASH_SLICE_BLOCKS = 128  # blocks hashed between two yields to the loop (~0.2-0.5 ms)
-RENDER_SLICE_S = 0.0005  # a chat template renders on the loop this long between two yields
+LOOP_SLICE_S = 0.00025  # blocks_async works on the loop about this long between two yields
+HASH_STEP_BLOCKS = 32  # blocks hashed between two checks of the time (~0.05-0.15 ms)
 THREAD_MIN_CHARS = 16_384  # this much new text (~4k tokens, >1.5 ms) is encoded in a worker thread
 CHUNK_CHARS = 1024  # a piece twice as long is encoded in chunks of about this size (module docstring)
 PARALLEL_MIN_CHUNKS = 4  # encode_batch spreads a batch over its threads from about 4 texts on
+# cold prompts are encoded on this one thread, in turn: the encoder never takes more than one core from
+# the loop, however many cold prompts arrive together (its thread starts when the first tokenizer loads)
+_ENCODER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgate-encoder")
 # a boundary of the pre-tokenizers below whatever surrounds it: " " + letter, after a printable character
 _SAFE_CUT = re.compile(r"(?<=[!-~]) (?=[A-Za-z])")
 # Split patterns (tokenizer.json) for which _SAFE_CUT is a boundary: Llama 3 / cl100k, Qwen 2
@@ -161,6 +165,7 @@ class LocalTokenizer:
         self.incremental = bool(added) and _incremental_ok(spec)
         self.chunk_chars = chunk_chars if self.incremental and _chunkable(spec) else 0
         self.thread_min_chars = thread_min_chars
+        _ENCODER.submit(int)  # starts the encoder thread now, not on the first cold request
         # the same ids without offsets, ~25 % less CPU but on one thread (tokenizers >= 0.21, measured
         # with 0.23.3); both release the GIL
         self._fast: Any = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
@@ -206,19 +211,16 @@ class LocalTokenizer:
             raise TemplateError("prompt: only a single text prompt is tokenized locally")
         return prompt, bool(body.get("add_special_tokens", True))
 
-    async def _prompt_text_async(self, body: Mapping[str, Any]) -> tuple[str, bool]:
-        """`prompt_text` with a yield to the loop every RENDER_SLICE_S of template rendering (a 32k-token
+    async def _prompt_text_async(self, body: Mapping[str, Any], pacer: _Pacer) -> tuple[str, bool]:
+        """`prompt_text` with a yield to the loop every LOOP_SLICE_S of template rendering (a 32k-token
         chat takes ~0.5-2 ms to render; jinja2 generates it a message at a time)."""
         if "messages" not in body or self.template is None:
             return self.prompt_text(body)
         rendering = Rendering(self.template, body, self.specials)
         parts: list[str] = []
-        since = time.perf_counter()
         for part in rendering.parts():
             parts.append(part)
-            if time.perf_counter() - since >= RENDER_SLICE_S:
-                await asyncio.sleep(0)
-                since = time.perf_counter()
+            await pacer.pace()
         return rendering.finish("".join(parts)), bool(body.get("add_special_tokens", False))
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
@@ -229,21 +231,25 @@ class LocalTokenizer:
     # -- blocks ----------------------------------------------------------------------------------------
     async def blocks_async(self, body: Mapping[str, Any], model: str, block_size: int) -> LocalBlocks:
         """Token-block hashes of a request (policy.prefix.token_block_hashes of its ids)."""
-        text, special = await self._prompt_text_async(body)
-        if len(text) >= self.thread_min_chars:  # a long prompt: the render and the cut, ~1 ms each, apart
-            await asyncio.sleep(0)
-        plan = self._plan(text, special, block_size, model)
+        pacer = _Pacer()
+        text, special = await self._prompt_text_async(body, pacer)
+        await pacer.pace()
+        plan = None
+        for plan in self._plan_steps(text, special, block_size, model):  # noqa: B007 - the last value is the plan
+            await pacer.pace()
+        assert plan is not None
         ids: list[tuple[int, ...]] = []
         if plan.new and sum(map(len, plan.new)) >= self.thread_min_chars:  # cold: off the loop, one core
-            ids = await asyncio.to_thread(self._encode_serial, plan.new, special)
+            loop = asyncio.get_running_loop()
+            ids = await loop.run_in_executor(_ENCODER, self._encode_serial, plan.new, special)
+            pacer.since = time.perf_counter()
         elif plan.new:  # a warm prompt's tail: on the loop, its chunks in parallel
             ids = self._encode(plan.new, special)
         plan.fresh.update(zip(plan.new, ids, strict=True))
         self._remember(plan)
         out: LocalBlocks | None = None
-        for out in self._extend(plan, model, block_size):
-            if out is None:
-                await asyncio.sleep(0)
+        for out in self._extend(plan, model, block_size):  # noqa: B007 - the last value is the result
+            await pacer.pace()
         assert out is not None
         return out
 
@@ -311,10 +317,20 @@ class LocalTokenizer:
 
     def _plan(self, text: str, special: bool, block_size: int, model: str) -> _Plan:
         """Cut `text`, find the longest cached chain, and list the pieces after it still to encode."""
+        plan = None
+        for plan in self._plan_steps(text, special, block_size, model):  # noqa: B007 - the last value
+            pass
+        assert plan is not None
+        return plan
+
+    def _plan_steps(self, text: str, special: bool, block_size: int, model: str) -> Iterator[_Plan | None]:
+        """`_plan` in three steps of ~0.1-0.4 ms for a 32k-token prompt: None between them, then the plan."""
         if not self.incremental or self._cut is None or special:
             # special tokens come from the post-processor: only a whole-text encode knows where they go
-            return _Plan([text], [None], None, [text])
+            yield _Plan([text], [None], None, [text])
+            return
         pieces = [p for p in self._cut.split(text) if p]
+        yield None
         # key of the text up to each cut: a chain of Python's (SipHash) str hashes, with the length
         # checked on a hit; the pieces' hashes are cached on the str objects for the lookups below
         keys: list[tuple[int, int]] = []
@@ -323,6 +339,7 @@ class LocalTokenizer:
             length += len(piece)
             key = hash((key, piece))
             keys.append((key, length))
+        yield None
         start, chain = 0, None
         for i in range(len(pieces) - 1, -1, -1):
             found = self._chains.get((keys[i], block_size, model))
@@ -331,7 +348,7 @@ class LocalTokenizer:
                 break
         rest = pieces[start:]
         new = [p for p in dict.fromkeys(rest) if p not in self._pieces and not self._is_added(p)]
-        return _Plan(rest, list(keys[start:]), chain, new)
+        yield _Plan(rest, list(keys[start:]), chain, new)
 
     def _is_added(self, piece: str) -> bool:
         return self._cut is not None and self._cut.fullmatch(piece) is not None
@@ -343,7 +360,8 @@ class LocalTokenizer:
         return ids
 
     def _extend(self, plan: _Plan, model: str, block_size: int) -> Iterator[LocalBlocks | None]:
-        """Continue the chain over the plan's pieces; yields None between hash slices, then the result."""
+        """Continue the chain over the plan's pieces; yields None every HASH_STEP_BLOCKS blocks (a point
+        where the caller may yield to the loop), then the result."""
         c = plan.chain
         if c is None:
             hashes: list[int] = []
@@ -365,15 +383,29 @@ class LocalTokenizer:
                 for i in range(full):
                     last = blake2b(last + data[i * step : (i + 1) * step], digest_size=8).digest()
                     hashes.append(int.from_bytes(last, "little"))
-                since_yield += full
+                    since_yield += 1
+                    if since_yield == HASH_STEP_BLOCKS:
+                        since_yield = 0
+                        yield None  # after an append: a concurrent extend of this chain copies it
             pending = run[full * block_size :]
             tokens += len(ids)
             if key is not None:
                 self._chains[(key, block_size, model)] = _Chain(hashes, len(hashes), last, pending, tokens)
-            if since_yield >= HASH_SLICE_BLOCKS:
-                since_yield = 0
-                yield None
         yield LocalBlocks(tuple(hashes), max(1, tokens), cached)
+
+
+class _Pacer:
+    """Yields to the loop once LOOP_SLICE_S has passed since the last yield (or since it was made)."""
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        self.since = time.perf_counter()
+
+    async def pace(self) -> None:
+        if time.perf_counter() - self.since >= LOOP_SLICE_S:
+            await asyncio.sleep(0)
+            self.since = time.perf_counter()
 
 
 @dataclass(slots=True)
