@@ -22,8 +22,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine, Generator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from bench import toy_model
 from plugin.local_tokenizer import LocalTokenizer
@@ -66,24 +67,47 @@ async def warm_rounds(
     return times, cpu, last
 
 
+class Stepped:
+    """Awaits a coroutine and times each of its steps on the loop (from one suspension to the next) in
+    CPU time of the loop thread: the longest is what the code itself holds the loop for, without the
+    waits for a core or the GIL that a busy machine adds to the ticker's lateness."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self.coro, self.steps = coro, cast(list[float], [])
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        send: Any = None
+        thrown: BaseException | None = None
+        while True:
+            started = time.thread_time()
+            try:
+                awaited = self.coro.send(send) if thrown is None else self.coro.throw(thrown)
+            except StopIteration as done:
+                self.steps.append(time.thread_time() - started)
+                return done.value
+            self.steps.append(time.thread_time() - started)
+            try:
+                send, thrown = (yield awaited), None
+            except BaseException as e:  # cancellation: the coroutine gets it where it waits
+                send, thrown = None, e
+
+
 async def cold_rounds(
     directory: Path, tokens: int, rounds: int
 ) -> tuple[list[float], list[float], list[float], list[float], int]:
     """Per round a fresh tokenizer and a new chat; the ticker's lateness samples while it runs, and the
-    loop thread's own CPU time between two ticks (what the code on the loop took, without the waits for
-    a core or the GIL that a busy machine adds)."""
+    CPU time of each step of the tokenizer's coroutine on the loop (`Stepped`)."""
     lateness: list[float] = []
-    loop_cpu: list[float] = []
+    steps: list[float] = []
     durations: list[float] = []
     running = asyncio.Event()
 
     async def ticker() -> None:
         while True:
-            due, cpu = time.perf_counter() + TICK_S, time.thread_time()
+            due = time.perf_counter() + TICK_S
             await asyncio.sleep(TICK_S)
             if running.is_set():
                 lateness.append(max(0.0, time.perf_counter() - due))
-                loop_cpu.append(time.thread_time() - cpu)
 
     probe = LocalTokenizer.load(directory)
     bodies = [{"messages": chat(100 + i, tokens, probe)} for i in range(rounds)]
@@ -95,18 +119,19 @@ async def cold_rounds(
         running.clear()
         idle = list(lateness)
         lateness.clear()
-        loop_cpu.clear()
         for body in bodies:
             tok = LocalTokenizer.load(directory)
             await asyncio.sleep(0.01)
             running.set()
             started = time.perf_counter()
-            await tok.blocks_async(body, MODEL, BLOCK)
+            stepped = Stepped(tok.blocks_async(body, MODEL, BLOCK))
+            await stepped
             durations.append(time.perf_counter() - started)
+            steps += stepped.steps
             running.clear()
     finally:
         task.cancel()
-    return durations, lateness, loop_cpu, idle, prompt_tokens
+    return durations, lateness, steps, idle, prompt_tokens
 
 
 async def run(
@@ -120,7 +145,7 @@ async def run(
     tok = LocalTokenizer.load(directory)  # measured from a clean cache holding only the prefix
     extra_words = max(1, int((prompt_tokens - prefix_tokens) / per_word))
     times, cpu, last = await warm_rounds(tok, prefix, extra_words, rounds)
-    cold_times, lateness, loop_cpu, idle, cold_tokens = await cold_rounds(directory, prompt_tokens, cold)
+    cold_times, lateness, steps, idle, cold_tokens = await cold_rounds(directory, prompt_tokens, cold)
     whole = LocalTokenizer.load(directory)
     text, special = whole.prompt_text({"messages": prefix})
     started = time.perf_counter()
@@ -134,10 +159,9 @@ async def run(
         "loop_stall_p99": quantile(lateness, 0.99) if lateness else 0.0,
         "loop_stall_max": max(lateness, default=0.0),
         "loop_stall_idle_p99": quantile(idle, 0.99) if idle else 0.0,  # the ticker with nothing to wait for
-        "loop_stall_cpu_p99": quantile(loop_cpu, 0.99)
-        if loop_cpu
-        else 0.0,  # the loop's own CPU between ticks
-        "loop_stall_cpu_max": max(loop_cpu, default=0.0),
+        "loop_step_cpu_p99": quantile(steps, 0.99),  # CPU of one step of the cold tokenizations on the loop
+        "loop_step_cpu_max": max(steps),
+        "loop_steps": len(steps) / cold,  # steps per cold prompt
         "cold_prompt_tokens": cold_tokens,
         "cold_p50": statistics.median(cold_times),
         "whole_prefix_encode_s": time.perf_counter() - started,
