@@ -115,7 +115,7 @@ ATOMS = st.one_of(
             "<|im_start|>",
             "<|im_end|>",
         ]
-    ),  # fmt: skip
+    ),
     st.text(max_size=3),
 )
 TEXTS = st.lists(ATOMS, max_size=60).map("".join)
