@@ -22,8 +22,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine, Generator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from bench import toy_model
 from plugin.local_tokenizer import LocalTokenizer
@@ -54,22 +55,50 @@ async def warm_rounds(
 ) -> Any:
     rng, vocab = random.Random(11), toy_model.words(7)
     tok.blocks({"messages": prefix}, MODEL, BLOCK)  # the 30k tokens are seen
-    times, last = [], None
+    times, cpu, last = [], [], None
     for _ in range(rounds):
         body = {
             "messages": [*prefix, {"role": "user", "content": toy_model.sentence(rng, vocab, extra_words)}]
         }
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         last = await tok.blocks_async(body, MODEL, BLOCK)
         times.append(time.perf_counter() - started)
-    return times, last
+        cpu.append(time.process_time() - started_cpu)
+    return times, cpu, last
+
+
+class Stepped:
+    """Awaits a coroutine and times each of its steps on the loop (from one suspension to the next) in
+    CPU time of the loop thread: the longest is what the code itself holds the loop for, without the
+    waits for a core or the GIL that a busy machine adds to the ticker's lateness."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self.coro, self.steps = coro, cast(list[float], [])
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        send: Any = None
+        thrown: BaseException | None = None
+        while True:
+            started = time.thread_time()
+            try:
+                awaited = self.coro.send(send) if thrown is None else self.coro.throw(thrown)
+            except StopIteration as done:
+                self.steps.append(time.thread_time() - started)
+                return done.value
+            self.steps.append(time.thread_time() - started)
+            try:
+                send, thrown = (yield awaited), None
+            except BaseException as e:  # cancellation: the coroutine gets it where it waits
+                send, thrown = None, e
 
 
 async def cold_rounds(
     directory: Path, tokens: int, rounds: int
-) -> tuple[list[float], list[float], list[float], int]:
-    """Per round a fresh tokenizer and a new chat; the ticker's lateness samples while it runs."""
+) -> tuple[list[float], list[float], list[float], list[float], int]:
+    """Per round a fresh tokenizer and a new chat; the ticker's lateness samples while it runs, and the
+    CPU time of each step of the tokenizer's coroutine on the loop (`Stepped`)."""
     lateness: list[float] = []
+    steps: list[float] = []
     durations: list[float] = []
     running = asyncio.Event()
 
@@ -95,12 +124,14 @@ async def cold_rounds(
             await asyncio.sleep(0.01)
             running.set()
             started = time.perf_counter()
-            await tok.blocks_async(body, MODEL, BLOCK)
+            stepped = Stepped(tok.blocks_async(body, MODEL, BLOCK))
+            await stepped
             durations.append(time.perf_counter() - started)
+            steps += stepped.steps
             running.clear()
     finally:
         task.cancel()
-    return durations, lateness, idle, prompt_tokens
+    return durations, lateness, steps, idle, prompt_tokens
 
 
 async def run(
@@ -113,8 +144,8 @@ async def run(
     )
     tok = LocalTokenizer.load(directory)  # measured from a clean cache holding only the prefix
     extra_words = max(1, int((prompt_tokens - prefix_tokens) / per_word))
-    times, last = await warm_rounds(tok, prefix, extra_words, rounds)
-    cold_times, lateness, idle, cold_tokens = await cold_rounds(directory, prompt_tokens, cold)
+    times, cpu, last = await warm_rounds(tok, prefix, extra_words, rounds)
+    cold_times, lateness, steps, idle, cold_tokens = await cold_rounds(directory, prompt_tokens, cold)
     whole = LocalTokenizer.load(directory)
     text, special = whole.prompt_text({"messages": prefix})
     started = time.perf_counter()
@@ -124,9 +155,13 @@ async def run(
         "cached_prefix_tokens": last.cached_tokens,
         "p50": quantile(times, 0.5),
         "p99": quantile(times, 0.99),
+        "p50_cpu": statistics.median(cpu),  # CPU of all threads (the loop's and the encoder's) per round
         "loop_stall_p99": quantile(lateness, 0.99) if lateness else 0.0,
         "loop_stall_max": max(lateness, default=0.0),
         "loop_stall_idle_p99": quantile(idle, 0.99) if idle else 0.0,  # the ticker with nothing to wait for
+        "loop_step_cpu_p99": quantile(steps, 0.99),  # CPU of one step of the cold tokenizations on the loop
+        "loop_step_cpu_max": max(steps),
+        "loop_steps": len(steps) / cold,  # steps per cold prompt
         "cold_prompt_tokens": cold_tokens,
         "cold_p50": statistics.median(cold_times),
         "whole_prefix_encode_s": time.perf_counter() - started,

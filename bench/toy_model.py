@@ -9,6 +9,7 @@ from __future__ import annotations
 # ruff: noqa: E501  (the chat templates are quoted as their models ship them)
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -103,14 +104,22 @@ def sentence(rng: random.Random, vocab: list[str], n_words: int) -> str:
     return " ".join(rng.choice(vocab) for _ in range(n_words)).capitalize() + "."
 
 
-def build(directory: str | Path, flavour: str = "llama3", seed: int = 7, vocab_size: int = 6000) -> Path:
-    """Write tokenizer.json + tokenizer_config.json for `flavour` (llama3 | qwen25) into `directory`."""
+def build(
+    directory: str | Path,
+    flavour: str = "llama3",
+    seed: int = 7,
+    vocab_size: int = 6000,
+    extra_corpus: Sequence[str] = (),
+) -> Path:
+    """Write tokenizer.json + tokenizer_config.json for `flavour` (llama3 | qwen25) into `directory`;
+    `extra_corpus` is trained on too (e.g. indented text, so that runs of spaces get tokens of their own)."""
     if flavour not in TEMPLATES:
         raise ValueError(f"unknown flavour {flavour!r}; known: {', '.join(TEMPLATES)}")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     rng, vocab = random.Random(seed), words(seed)
     corpus = [sentence(rng, vocab, 60) + ' {"name": "get_weather", "arguments": {}}\n' for _ in range(800)]
+    corpus += extra_corpus
     specials = SPECIALS[flavour]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

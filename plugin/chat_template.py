@@ -20,7 +20,7 @@ Every bad input raises `TemplateError` with a client-facing message.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -200,36 +200,57 @@ def template_tools(tools: Any) -> list[dict[str, Any]] | None:
 
 def render(template: jinja2.Template, body: Mapping[str, Any], specials: Mapping[str, str]) -> str:
     """The prompt text vLLM's chat endpoint renders for an OpenAI chat request `body`."""
-    messages = template_messages(body.get("messages"))
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, Mapping):
-        raise TemplateError("chat_template_kwargs: must be an object")
-    documents = body.get("documents")
-    if documents is not None and not (
-        isinstance(documents, list) and all(isinstance(d, Mapping) for d in documents)
-    ):
-        raise TemplateError("documents: must be a list of objects")
-    cont = body.get("continue_final_message", False)
-    add_gen = body.get("add_generation_prompt", not cont)
-    if cont:
-        last = messages[-1]
-        if not isinstance(last.get("content"), str):
-            raise TemplateError("continue_final_message: the last message has no text content")
-        final = last["content"]
-        messages[-1] = {**last, "content": final + CONTINUE_TAG}
-    try:
-        text = template.render(
-            **{**specials, **kwargs},
-            messages=messages,
-            tools=template_tools(body.get("tools")),
-            documents=documents,
-            add_generation_prompt=bool(add_gen),
-        )
-    except jinja2.exceptions.TemplateError as e:
-        raise TemplateError(f"chat template: {e}") from None
-    if cont:
-        at = text.rfind(CONTINUE_TAG.strip())
-        if at < 0 or final.strip() not in text:
-            raise TemplateError("continue_final_message: the template dropped the final message")
-        text = text[:at] if text[at : at + len(CONTINUE_TAG)] == CONTINUE_TAG else text[:at].rstrip()
-    return text
+    rendering = Rendering(template, body, specials)
+    return rendering.finish("".join(rendering.parts()))
+
+
+class Rendering:
+    """One `render` in steps: `parts()` yields the template's output as jinja2 generates it (a message at
+    a time for the usual templates), `finish` the joined parts gives the text; so that a caller on an
+    event loop can yield between parts of a long chat. TemplateError from the constructor, the iteration
+    or `finish`."""
+
+    def __init__(
+        self, template: jinja2.Template, body: Mapping[str, Any], specials: Mapping[str, str]
+    ) -> None:
+        messages = template_messages(body.get("messages"))
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, Mapping):
+            raise TemplateError("chat_template_kwargs: must be an object")
+        documents = body.get("documents")
+        if documents is not None and not (
+            isinstance(documents, list) and all(isinstance(d, Mapping) for d in documents)
+        ):
+            raise TemplateError("documents: must be a list of objects")
+        self.cont = bool(body.get("continue_final_message", False))
+        add_gen = body.get("add_generation_prompt", not self.cont)
+        self.final = ""
+        if self.cont:
+            last = messages[-1]
+            if not isinstance(last.get("content"), str):
+                raise TemplateError("continue_final_message: the last message has no text content")
+            self.final = last["content"]
+            messages[-1] = {**last, "content": self.final + CONTINUE_TAG}
+        self.template = template
+        self.context: dict[str, Any] = {
+            **specials,
+            **kwargs,
+            "messages": messages,
+            "tools": template_tools(body.get("tools")),
+            "documents": documents,
+            "add_generation_prompt": bool(add_gen),
+        }
+
+    def parts(self) -> Iterator[str]:
+        try:
+            yield from self.template.generate(**self.context)
+        except jinja2.exceptions.TemplateError as e:
+            raise TemplateError(f"chat template: {e}") from None
+
+    def finish(self, text: str) -> str:
+        if self.cont:
+            at = text.rfind(CONTINUE_TAG.strip())
+            if at < 0 or self.final.strip() not in text:
+                raise TemplateError("continue_final_message: the template dropped the final message")
+            text = text[:at] if text[at : at + len(CONTINUE_TAG)] == CONTINUE_TAG else text[:at].rstrip()
+        return text

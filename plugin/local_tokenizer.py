@@ -18,11 +18,22 @@ only whole words, or match normalized text, or whose pre-tokenizer depends on th
 input (Metaspace `prepend_scheme = "first"`), is not cut: its prompts are encoded whole (exact, not
 incremental).
 
-Event loop: `blocks_async` runs on the loop. New text under 16k characters in all (a warm prompt's
-tail) is encoded on the loop a few pieces at a time with a yield in between; more than that (a cold
-prompt) goes to a worker thread in one `encode_batch` call, which releases the GIL while it works.
-Long runs of new blocks are hashed in slices with a yield in between, so that a cold 32k-token prompt
-holds up other flows as little as possible (measured: `kvgate bench tokenize`, docs/BENCHMARKS.md).
+Long new pieces are cut again, into chunks of about `CHUNK_CHARS`, where the pre-tokenizer splits
+anyway: at a space after a printable ASCII character and before an ASCII letter, for the pre-tokenizers
+whose split rule makes that a boundary whatever comes before or after (GPT-2's byte-level regex, the
+Llama 3 / cl100k and Qwen 2 split patterns; no normalizer, no prefix space, deterministic BPE). The ids of
+a piece are the ids of its chunks in order, so the chunks of a warm prompt's new message are encoded in
+one parallel `encode_batch` (tests/property/test_local_tokenizer_incremental.py checks both cuts against
+a whole-text encode).
+
+Event loop: `blocks_async` runs on the loop and yields to it every ~0.25 ms of its own work
+(`LOOP_SLICE_S`): the chat template renders there (jinja2 generates it a message at a time), then the
+cut and the cache lookup, then the hashing, 32 blocks between two looks at the clock. New text under 16k
+characters in all (a warm prompt's tail) is encoded on the loop in one call (the loop waits ~1-2 ms).
+More than that (a cold prompt) goes to the one encoder thread, where cold prompts take turns; it encodes
+one chunk per `encode_batch_fast` call, and a batch of one runs on the calling thread with the GIL
+released. So the encoder keeps at most one core busy and leaves the other to the loop, and holds the GIL
+only to build each chunk's ids (measured: `kvgate bench tokenize`, docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -30,8 +41,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from hashlib import blake2b
 from pathlib import Path
@@ -41,12 +54,28 @@ import jinja2
 from cachetools import LRUCache
 from tokenizers import Tokenizer as HfTokenizer
 
-from plugin.chat_template import TemplateError, compile_template, render, special_tokens
+from plugin.chat_template import Rendering, TemplateError, compile_template, render, special_tokens
 from policy.prefix import token_block_hashes
 
-HASH_SLICE_BLOCKS = 256  # blocks hashed between two yields to the loop (~0.3-1 ms)
-THREAD_MIN_CHARS = 16_384  # a new piece this long (~4k tokens, >1.5 ms) is encoded in a worker thread
-LOOP_SLICE_CHARS = 4096  # shorter new pieces are encoded on the loop, this much text between yields
+LOOP_SLICE_S = 0.00025  # blocks_async works on the loop about this long between two yields
+HASH_STEP_BLOCKS = 32  # blocks hashed between two checks of the time (~0.05-0.15 ms)
+THREAD_MIN_CHARS = 16_384  # this much new text (~4k tokens, >1.5 ms) is encoded in a worker thread
+CHUNK_CHARS = 1024  # a piece twice as long is encoded in chunks of about this size (module docstring)
+PARALLEL_MIN_CHUNKS = 4  # encode_batch spreads a batch over its threads from about 4 texts on
+# cold prompts are encoded on this one thread, in turn: the encoder never takes more than one core from
+# the loop, however many cold prompts arrive together (its thread starts when the first tokenizer loads)
+_ENCODER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgate-encoder")
+# a boundary of the pre-tokenizers below whatever surrounds it: " " + letter, after a printable character
+_SAFE_CUT = re.compile(r"(?<=[!-~]) (?=[A-Za-z])")
+# Split patterns (tokenizer.json) for which _SAFE_CUT is a boundary: Llama 3 / cl100k, Qwen 2
+_CHUNKABLE_SPLITS = frozenset(
+    {
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+        r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+        r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+    }
+)
 
 
 class LocalTokenizerError(ValueError):
@@ -75,15 +104,38 @@ def _seed(model: str) -> bytes:
     return blake2b(b"kvgate\x00" + model.encode(), digest_size=8).digest()
 
 
-def _incremental_ok(tok: HfTokenizer) -> bool:
-    """Whether encoding the pieces between added tokens equals encoding the whole text."""
-    spec = json.loads(tok.to_str())
+def _incremental_ok(spec: Mapping[str, Any]) -> bool:
+    """Whether encoding the pieces between added tokens equals encoding the whole text (tokenizer.json)."""
     for added in spec.get("added_tokens") or ():
         if added.get("lstrip") or added.get("rstrip") or added.get("single_word"):
             return False
         if added.get("normalized") and spec.get("normalizer") is not None:
             return False
     return '"prepend_scheme": "first"' not in json.dumps(spec.get("pre_tokenizer"))
+
+
+def _chunkable(spec: Mapping[str, Any]) -> bool:
+    """Whether a piece may be encoded in chunks cut at _SAFE_CUT (module docstring): the pre-tokenizer is
+    GPT-2's byte-level regex, or a known Split pattern then byte level, with nothing position-dependent."""
+    model = spec.get("model") or {}
+    if spec.get("normalizer") is not None or model.get("type") != "BPE" or model.get("dropout"):
+        return False
+    pre = spec.get("pre_tokenizer") or {}
+    if pre.get("type") == "ByteLevel":
+        return bool(pre.get("use_regex", True)) and not pre.get("add_prefix_space", True)
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
+    if not isinstance(steps, list) or len(steps) != 2:
+        return False
+    split, byte_level = steps
+    return (
+        split.get("type") == "Split"
+        and (split.get("pattern") or {}).get("Regex") in _CHUNKABLE_SPLITS
+        and split.get("behavior") == "Isolated"
+        and not split.get("invert")
+        and byte_level.get("type") == "ByteLevel"
+        and not byte_level.get("use_regex", True)
+        and not byte_level.get("add_prefix_space", True)
+    )
 
 
 class LocalTokenizer:
@@ -96,6 +148,8 @@ class LocalTokenizer:
         *,
         chain_entries: int = 16_384,
         piece_tokens: int = 4_000_000,
+        chunk_chars: int = CHUNK_CHARS,
+        thread_min_chars: int = THREAD_MIN_CHARS,
     ) -> None:
         self.tokenizer = tokenizer
         source = config.get("chat_template")
@@ -107,7 +161,14 @@ class LocalTokenizer:
         )
         self.specials = special_tokens(config)
         added = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len)
-        self.incremental = bool(added) and _incremental_ok(tokenizer)
+        spec = json.loads(tokenizer.to_str())
+        self.incremental = bool(added) and _incremental_ok(spec)
+        self.chunk_chars = chunk_chars if self.incremental and _chunkable(spec) else 0
+        self.thread_min_chars = thread_min_chars
+        _ENCODER.submit(int)  # starts the encoder thread now, not on the first cold request
+        # the same ids without offsets, ~25 % less CPU but on one thread (tokenizers >= 0.21, measured
+        # with 0.23.3); both release the GIL
+        self._fast: Any = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
         self._cut = re.compile("(" + "|".join(re.escape(t) for t in reversed(added)) + ")") if added else None
         self._chains: LRUCache[tuple[tuple[int, int], int, str], _Chain] = LRUCache(
             maxsize=max(1, chain_entries)
@@ -150,6 +211,18 @@ class LocalTokenizer:
             raise TemplateError("prompt: only a single text prompt is tokenized locally")
         return prompt, bool(body.get("add_special_tokens", True))
 
+    async def _prompt_text_async(self, body: Mapping[str, Any], pacer: _Pacer) -> tuple[str, bool]:
+        """`prompt_text` with a yield to the loop every LOOP_SLICE_S of template rendering (a 32k-token
+        chat takes ~0.5-2 ms to render; jinja2 generates it a message at a time)."""
+        if "messages" not in body or self.template is None:
+            return self.prompt_text(body)
+        rendering = Rendering(self.template, body, self.specials)
+        parts: list[str] = []
+        for part in rendering.parts():
+            parts.append(part)
+            await pacer.pace()
+        return rendering.finish("".join(parts)), bool(body.get("add_special_tokens", False))
+
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         """The tokenizer's ids of `text` (the reference the incremental path must equal)."""
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -158,29 +231,25 @@ class LocalTokenizer:
     # -- blocks ----------------------------------------------------------------------------------------
     async def blocks_async(self, body: Mapping[str, Any], model: str, block_size: int) -> LocalBlocks:
         """Token-block hashes of a request (policy.prefix.token_block_hashes of its ids)."""
-        text, special = self.prompt_text(body)
-        plan = self._plan(text, special, block_size, model)
-        # much new text (a cold prompt): all of it in one thread call; encoding it on the loop a few
-        # pieces at a time still held the loop ~10 ms per slice of 4k + a <16k-character piece
-        cold = sum(map(len, plan.new)) >= THREAD_MIN_CHARS
-        big = plan.new if cold else []
-        small = [] if cold else plan.new
-        if big:  # off the loop: encode_batch releases the GIL
-            plan.fresh.update(
-                zip(big, map(tuple, await asyncio.to_thread(self._encode, big, special)), strict=True)
-            )
-        batch: list[str] = []
-        for piece in small:  # short pieces on the loop, a yield after every ~LOOP_SLICE_CHARS
-            batch.append(piece)
-            if sum(map(len, batch)) >= LOOP_SLICE_CHARS or piece is small[-1]:
-                plan.fresh.update(zip(batch, map(tuple, self._encode(batch, special)), strict=True))
-                batch = []
-                await asyncio.sleep(0)
+        pacer = _Pacer()
+        text, special = await self._prompt_text_async(body, pacer)
+        await pacer.pace()
+        plan = None
+        for plan in self._plan_steps(text, special, block_size, model):  # noqa: B007 - the last value is the plan
+            await pacer.pace()
+        assert plan is not None
+        ids: list[tuple[int, ...]] = []
+        if plan.new and sum(map(len, plan.new)) >= self.thread_min_chars:  # cold: off the loop, one core
+            loop = asyncio.get_running_loop()
+            ids = await loop.run_in_executor(_ENCODER, self._encode_serial, plan.new, special)
+            pacer.since = time.perf_counter()
+        elif plan.new:  # a warm prompt's tail: on the loop, its chunks in parallel
+            ids = self._encode(plan.new, special)
+        plan.fresh.update(zip(plan.new, ids, strict=True))
         self._remember(plan)
         out: LocalBlocks | None = None
-        for out in self._extend(plan, model, block_size):
-            if out is None:
-                await asyncio.sleep(0)
+        for out in self._extend(plan, model, block_size):  # noqa: B007 - the last value is the result
+            await pacer.pace()
         assert out is not None
         return out
 
@@ -189,7 +258,7 @@ class LocalTokenizer:
         text, special = self.prompt_text(body)
         plan = self._plan(text, special, block_size, model)
         if plan.new:
-            plan.fresh.update(zip(plan.new, map(tuple, self._encode(plan.new, special)), strict=True))
+            plan.fresh.update(zip(plan.new, self._encode(plan.new, special), strict=True))
             self._remember(plan)
         out = None
         for out in self._extend(plan, model, block_size):  # noqa: B007 - the last value is the result
@@ -197,9 +266,49 @@ class LocalTokenizer:
         assert out is not None
         return out
 
-    def _encode(self, texts: Sequence[str], special: bool) -> list[list[int]]:
-        """One encode_batch call (it releases the GIL, plain encode does not)."""
-        return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=special)]
+    def chunks(self, piece: str, special: bool = False) -> list[str]:
+        """`piece` cut at _SAFE_CUT into chunks of about chunk_chars (whole if it is not chunkable)."""
+        size = self.chunk_chars
+        if not size or special or len(piece) < 2 * size:
+            return [piece]
+        out, start, search = [], 0, size
+        while search < len(piece) - size // 2:
+            cut = _SAFE_CUT.search(piece, search)
+            if cut is None or cut.start() >= len(piece) - size // 2:
+                break
+            out.append(piece[start : cut.start()])
+            start = cut.start()
+            search = start + size
+        out.append(piece[start:])
+        return out
+
+    def _encode(self, pieces: Sequence[str], special: bool) -> list[tuple[int, ...]]:
+        """The ids of each piece: one call for all their chunks; encode_batch from PARALLEL_MIN_CHUNKS on
+        (it spreads them over the tokenizer's threads), else encode_batch_fast (one thread, less CPU).
+        Both release the GIL, plain encode does not."""
+        chunked = [self.chunks(p, special) for p in pieces]
+        flat = [c for chunks in chunked for c in chunks]
+        batch = self.tokenizer.encode_batch if len(flat) >= PARALLEL_MIN_CHUNKS else self._fast
+        encoded = iter(batch(flat, add_special_tokens=special))
+        out = []
+        for chunks in chunked:
+            if len(chunks) == 1:
+                out.append(tuple(next(encoded).ids))
+            else:
+                out.append(tuple(i for _ in chunks for i in next(encoded).ids))
+        return out
+
+    def _encode_serial(self, pieces: Sequence[str], special: bool) -> list[tuple[int, ...]]:
+        """`_encode` one chunk per call (for a worker thread): a batch of one is encoded on the calling
+        thread with the GIL released, so the encoder takes one core and the loop keeps the other."""
+        encode = self._fast
+        out = []
+        for piece in pieces:
+            ids: list[int] = []
+            for chunk in self.chunks(piece, special):
+                ids += encode([chunk], add_special_tokens=special)[0].ids
+            out.append(tuple(ids))
+        return out
 
     def _remember(self, plan: _Plan) -> None:
         if plan.keys[0] is not None:  # incremental: pieces are worth keeping
@@ -208,10 +317,20 @@ class LocalTokenizer:
 
     def _plan(self, text: str, special: bool, block_size: int, model: str) -> _Plan:
         """Cut `text`, find the longest cached chain, and list the pieces after it still to encode."""
+        plan = None
+        for plan in self._plan_steps(text, special, block_size, model):  # noqa: B007 - the last value
+            pass
+        assert plan is not None
+        return plan
+
+    def _plan_steps(self, text: str, special: bool, block_size: int, model: str) -> Iterator[_Plan | None]:
+        """`_plan` in three steps of ~0.1-0.4 ms for a 32k-token prompt: None between them, then the plan."""
         if not self.incremental or self._cut is None or special:
             # special tokens come from the post-processor: only a whole-text encode knows where they go
-            return _Plan([text], [None], None, [text])
+            yield _Plan([text], [None], None, [text])
+            return
         pieces = [p for p in self._cut.split(text) if p]
+        yield None
         # key of the text up to each cut: a chain of Python's (SipHash) str hashes, with the length
         # checked on a hit; the pieces' hashes are cached on the str objects for the lookups below
         keys: list[tuple[int, int]] = []
@@ -220,6 +339,7 @@ class LocalTokenizer:
             length += len(piece)
             key = hash((key, piece))
             keys.append((key, length))
+        yield None
         start, chain = 0, None
         for i in range(len(pieces) - 1, -1, -1):
             found = self._chains.get((keys[i], block_size, model))
@@ -228,7 +348,7 @@ class LocalTokenizer:
                 break
         rest = pieces[start:]
         new = [p for p in dict.fromkeys(rest) if p not in self._pieces and not self._is_added(p)]
-        return _Plan(rest, list(keys[start:]), chain, new)
+        yield _Plan(rest, list(keys[start:]), chain, new)
 
     def _is_added(self, piece: str) -> bool:
         return self._cut is not None and self._cut.fullmatch(piece) is not None
@@ -240,7 +360,8 @@ class LocalTokenizer:
         return ids
 
     def _extend(self, plan: _Plan, model: str, block_size: int) -> Iterator[LocalBlocks | None]:
-        """Continue the chain over the plan's pieces; yields None between hash slices, then the result."""
+        """Continue the chain over the plan's pieces; yields None every HASH_STEP_BLOCKS blocks (a point
+        where the caller may yield to the loop), then the result."""
         c = plan.chain
         if c is None:
             hashes: list[int] = []
@@ -262,15 +383,29 @@ class LocalTokenizer:
                 for i in range(full):
                     last = blake2b(last + data[i * step : (i + 1) * step], digest_size=8).digest()
                     hashes.append(int.from_bytes(last, "little"))
-                since_yield += full
+                    since_yield += 1
+                    if since_yield == HASH_STEP_BLOCKS:
+                        since_yield = 0
+                        yield None  # after an append: a concurrent extend of this chain copies it
             pending = run[full * block_size :]
             tokens += len(ids)
             if key is not None:
                 self._chains[(key, block_size, model)] = _Chain(hashes, len(hashes), last, pending, tokens)
-            if since_yield >= HASH_SLICE_BLOCKS:
-                since_yield = 0
-                yield None
         yield LocalBlocks(tuple(hashes), max(1, tokens), cached)
+
+
+class _Pacer:
+    """Yields to the loop once LOOP_SLICE_S has passed since the last yield (or since it was made)."""
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        self.since = time.perf_counter()
+
+    async def pace(self) -> None:
+        if time.perf_counter() - self.since >= LOOP_SLICE_S:
+            await asyncio.sleep(0)
+            self.since = time.perf_counter()
 
 
 @dataclass(slots=True)

@@ -180,3 +180,24 @@ def test_a_missing_or_broken_directory_is_a_clear_error(tmp_path: Path) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{% if %}"}))
     with pytest.raises(LocalTokenizerError, match="does not parse"):
         LocalTokenizer.load(directory)
+
+
+def test_only_known_pre_tokenizers_are_chunked(tmp_path: Path) -> None:
+    """Chunking a piece at spaces is exact only for the pre-tokenizers whose split rule makes such a space
+    a boundary (tests/property/test_local_tokenizer_incremental.py); any other one encodes pieces whole."""
+    directory = toy_model.build(tmp_path, "llama3")
+    assert LocalTokenizer.load(directory).chunk_chars > 0  # GPT-2's byte-level regex
+    spec = json.loads((directory / "tokenizer.json").read_text())
+    others = [
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        {"type": "Whitespace"},
+        {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": r"\s+|\w+"}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+    ]  # fmt: skip
+    for pre in others:
+        (directory / "tokenizer.json").write_text(json.dumps({**spec, "pre_tokenizer": pre}))
+        tok = LocalTokenizer.load(directory)
+        assert tok.chunk_chars == 0, pre
+        long = "word " * 2000
+        assert tok.chunks(long) == [long]
