@@ -38,6 +38,7 @@ class Seen:
     predicted: float
     wait: float
     late: float
+    cluster_load: float  # RequestView.cluster_load (policy/state.py LoadMeter)
     pending: int
     inflight: int
     elsewhere: float  # cheapest cost on another worker (its own hit, or a recompute)
@@ -75,6 +76,7 @@ class _Recording:
             predicted=d.scores[d.worker]["predicted-ttft"],
             wait=cost.ttft.model.wait_s(w),
             late=w.overdue_s,
+            cluster_load=req.cluster_load,
             pending=w.pending_prefill_tokens,
             inflight=w.inflight,
             elsewhere=others.get(best, 0.0),
@@ -119,6 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cell = Cell(workloads[args.workload], args.load, args.seed, args.workers)
     rows, p99 = trace(cell, spec.profile, RoutingConfig())
     print(f"{cell.label()}: kvgate TTFT p99 {p99:.2f} s over {len(rows)} requests")
+    loads = sorted(s.cluster_load for _, s in rows)
+    if loads:
+        q = [loads[int(f * (len(loads) - 1))] for f in (0.1, 0.5, 0.9)]
+        print("cluster load (rho) at the decisions, p10 / p50 / p90: " + " / ".join(f"{x:.2f}" for x in q))
     print(
         "  t(s)  prompt  worker  reason                         predicted  wait   late  pending  "
         "elsewhere  actual  others in flight"

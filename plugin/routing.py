@@ -303,12 +303,13 @@ class Router:
             return None
         now = time.monotonic()
         routing = self.model(model)
+        pool = len(workers)  # the cluster load is shared by all of them, not only the candidates
         workers = self._candidates(routing, prompt, workers)
         views = routing.state.observe_workers(routing.views(workers, now), now)
         view = routing.state.prepare(
             request_id=request_id, prefix_hashes=prompt.hashes, block_tokens=prompt.block_tokens,
             prompt_tokens=prompt.prompt_tokens, workers=views, now_s=now, model=model,
-            max_tokens=max_tokens, band=band, tenant=tenant,
+            max_tokens=max_tokens, band=band, tenant=tenant, pool_workers=pool,
         )  # fmt: skip
         view = with_session(view, session)  # the client's session binding, if any (policy/session.py)
         decision = self._decide(view, views, now, arm)

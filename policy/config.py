@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 POLICIES = ("kvgate", "article")
+MISS_LOAD_MODES = ("fixed", "queueing")  # scorers.ServeCost.displaced
 
 
 class ConfigError(ValueError):
@@ -60,9 +61,21 @@ class TtftModelConfig:
     busy_weight_max: float = _within(
         0.0, 100.0, 4.0, "cap of the extra miss weight when every worker is busy (a hit is capacity)"
     )
+    decode_s_per_token: float = _within(
+        0.0, 10.0, 1.24e-4, "decode time per output token in a full batch (cluster load only)"
+    )
+    decode_s_per_token_ctx: float = _within(
+        0.0, 1e-3, 5.6e-8, "... plus this per context token (the KV read; cluster load only)"
+    )
+    miss_load: str = field(
+        default="fixed",
+        metadata={"help": "how the cluster load scales miss_weight: fixed (default) or queueing (Erlang C)"},
+    )
 
     def __post_init__(self) -> None:
         _check_ranges(self)
+        if self.miss_load not in MISS_LOAD_MODES:
+            raise ConfigError("miss_load", self.miss_load, f"must be one of {', '.join(MISS_LOAD_MODES)}")
 
 
 @dataclass(frozen=True)

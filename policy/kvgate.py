@@ -6,6 +6,8 @@
     cost(w)     = (ttft(w) + (miss_weight + busy) × own_prefill(w)) × (1 − cold_start(w))
                   busy = queued wait on the least-loaded candidate in full prefills of the request,
                   capped (scorers.ServeCost.busy_weight): when every worker is busy, a hit is capacity
+                  (`ttft.miss_load = "queueing"`, not the default: miss_weight × Erlang C of the cluster
+                  load the routing state measures, scorers.ServeCost.displaced)
                   ttft = TtftModel.ttft_s(w, prompt − effective_hit(w)); own_prefill = its uncached part
                   − session credit (policy/session.py: the session worker of an explicit session id, only
                   while the hold limit below allows; a separate term)
@@ -66,7 +68,9 @@ class KvgatePolicy:
 
     def _serve_cost(self, ttft: PredictedTtft) -> ServeCost:
         t = self.config.ttft
-        return ServeCost(ttft, miss_weight=t.miss_weight, busy_weight_max=t.busy_weight_max)
+        return ServeCost(
+            ttft, miss_weight=t.miss_weight, busy_weight_max=t.busy_weight_max, miss_load=t.miss_load
+        )
 
     @cached_property
     def guard_ttft(self) -> PredictedTtft:

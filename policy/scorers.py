@@ -66,6 +66,16 @@ class TtftModel:
     decode_slowdown: float = 0.005
     overhead_s: float = 0.01
     attention_s_per_token_ctx: float = 1.06e-9
+    decode_s_per_token: float = 1.24e-4  # cluster load only (`work_s`)
+    decode_s_per_token_ctx: float = 5.6e-8
+
+    def work_s(self, uncached_tokens: int, hit_tokens: int, output_tokens: int) -> float:
+        """Engine seconds a request takes from a worker: its uncached prefill, and its decode in a full
+        batch (per output token a share of the step plus its KV read, at its mean context)."""
+        out = max(0, output_tokens)
+        ctx = max(0, hit_tokens) + max(0, uncached_tokens) + out / 2
+        decode = out * (self.decode_s_per_token + self.decode_s_per_token_ctx * ctx)
+        return self.own_prefill_s(uncached_tokens, hit_tokens) + decode
 
     def own_prefill_s(self, uncached_tokens: int, hit_tokens: int) -> float:
         u = max(0, uncached_tokens)
@@ -124,6 +134,24 @@ class ServeCost:
     ttft: PredictedTtft
     miss_weight: float = 1.0
     busy_weight_max: float = 0.0
+    miss_load: str = "fixed"  # how the cluster load scales miss_weight (`displaced`)
+
+    def displaced(self, req: RequestView) -> float:
+        """The share (0–1) of a recompute's time that later requests would otherwise have used: how
+        much of `miss_weight` to charge, from the cluster load the shell measured (`req.cluster_load`
+        ρ over `req.pool_workers` N; policy/state.py `LoadMeter`).
+
+            fixed        1 (the load is not read; the default)
+            queueing     Erlang C(N, Nρ) (1 at ρ ≥ 1): a later request is delayed by the recompute
+                         only if it finds no worker free (M/M/N), so a recompute in a large, lightly
+                         loaded pool displaces nobody. Not the default: measured better on the issue-9
+                         subset grid, worse at load 0.5 and on held-out workloads (docs/BENCHMARKS.md,
+                         "cluster load", session 7)
+        """
+        if self.miss_load == "fixed":
+            return 1.0
+        rho = max(0.0, req.cluster_load)
+        return erlang_c(max(1, req.pool_workers), rho)
 
     def busy_weight(self, req: RequestView, workers: Sequence[WorkerView]) -> float:
         """Queued wait on the least-loaded of `workers`, in units of this request's uncached prefill
@@ -148,10 +176,23 @@ class ServeCost:
         ttft = model.ttft_s(w, req.prompt_tokens - hit, hit, late=self.ttft.late)
         kept = hit if kept_hit is None else max(hit, kept_hit)
         miss = model.own_prefill_s(req.prompt_tokens - kept, kept)
-        return ttft, miss, ttft + (self.miss_weight + busy) * miss
+        return ttft, miss, ttft + (self.miss_weight * self.displaced(req) + busy) * miss
 
     def cost_s(self, req: RequestView, w: WorkerView, busy: float = 0.0) -> float:
         return self.parts(req, w, effective_hit_tokens(req, w.id, self.ttft.min_gain), busy=busy)[2]
+
+
+def erlang_c(servers: int, rho: float) -> float:
+    """Probability that an arrival waits in an M/M/`servers` queue at utilisation `rho` (1 at ρ ≥ 1),
+    by the Erlang B recursion (B_k = a·B_{k−1} ÷ (k + a·B_{k−1}), a = servers·ρ; C = B ÷ (1 − ρ(1 − B)))."""
+    if rho >= 1.0:
+        return 1.0
+    if rho <= 0.0:
+        return 0.0
+    a, b = servers * rho, 1.0
+    for k in range(1, servers + 1):
+        b = a * b / (k + a * b)
+    return b / (1.0 - rho * (1.0 - b))
 
 
 def holding_costs_more(

@@ -15,6 +15,10 @@ Held here:
              and its request rate as an EWMA (half-life `rate_half_life_s`; a steady stream of λ req/s
              reads λ).
   joined     when each worker was first seen (cold-start exploration when the view has no `joined_s`).
+  load       `LoadMeter`: the engine seconds routed per second, cluster-wide (every commit: the request's
+             uncached prefill and its decode of `max_tokens`, `TtftModel.work_s`), per worker of the pool:
+             `cluster_load` of the views, the utilisation ρ (how busy the cluster will be, which the cost
+             model's miss weight reads: policy/scorers.py `ServeCost.displaced`).
 
 Sticky key: the deepest block of the request whose stats exist and whose prefix covers at least
 `min_cache_gain` of the prompt (shorter shared prefixes, such as one short system prompt, carry no
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 
 from policy.config import RoutingConfig
 from policy.index import PrefixIndex
+from policy.scorers import TtftModel
 from policy.types import Band, Decision, RequestView, WorkerView
 
 
@@ -46,6 +51,46 @@ class PrefixStat:
     def rate_at(self, now_s: float, half_life_s: float) -> float:
         decay: float = 0.5 ** (max(0.0, now_s - self.last_s) / half_life_s)
         return self.rate * decay
+
+
+class LoadMeter:
+    """Rate of a stream of amounts (uncached prompt tokens routed) as a bias-corrected EWMA, pure data.
+
+        rate(t) = Σ amount_i × 2^(−(t − t_i)/h)  ÷  ∫_{t0}^{t} 2^(−(t − s)/h) ds
+
+    t0 is the first event (it starts the clock and is not counted, so k events in (t0, t] read k ÷ (t − t0)
+    while t − t0 ≪ h, and a steady stream reads its rate at any age, with no warm-up from 0; an EWMA
+    seeded at 0 reads low for several half-lives, exactly when a cold cluster decides the most).
+    Before the second event the rate is 0 (unknown).
+    """
+
+    __slots__ = ("_last_s", "_step", "_sum", "_t0", "half_life_s")
+
+    def __init__(self, half_life_s: float) -> None:
+        self.half_life_s = half_life_s
+        self._step = math.log(2) / half_life_s
+        self._t0: float | None = None
+        self._last_s = 0.0
+        self._sum = 0.0
+
+    def add(self, amount: float, now_s: float) -> None:
+        if self._t0 is None:
+            self._t0 = self._last_s = now_s
+            return
+        now_s = max(now_s, self._last_s)
+        self._sum = self._sum * 0.5 ** ((now_s - self._last_s) / self.half_life_s) + max(0.0, amount)
+        self._last_s = now_s
+
+    def rate(self, now_s: float) -> float:
+        if self._t0 is None:
+            return 0.0
+        now_s = max(now_s, self._last_s)
+        # ∫ decay over the meter's age: (1 − 2^(−age/h)) ÷ (ln 2 / h)
+        window = -math.expm1(-self._step * (now_s - self._t0)) / self._step
+        if window <= 0.0:
+            return 0.0
+        decay: float = 0.5 ** ((now_s - self._last_s) / self.half_life_s)
+        return self._sum * decay / window
 
 
 class RoutingState:
@@ -67,6 +112,14 @@ class RoutingState:
         self.min_index_tokens = min_index_tokens
         self.stats: OrderedDict[int, PrefixStat] = OrderedDict()
         self.joined: dict[str, float] = {}
+        self.load = LoadMeter(config.rate_half_life_s)
+        t = config.ttft
+        self._work = TtftModel(
+            t.prefill_tokens_per_s,
+            attention_s_per_token_ctx=t.attention_s_per_token_ctx,
+            decode_s_per_token=t.decode_s_per_token,
+            decode_s_per_token_ctx=t.decode_s_per_token_ctx,
+        )
         self._rate_step = math.log(2) / config.rate_half_life_s
 
     # -- workers -------------------------------------------------------------------------------------
@@ -101,11 +154,15 @@ class RoutingState:
         max_tokens: int = 0,
         band: Band = Band.NORMAL,
         tenant: str = "default",
+        pool_workers: int | None = None,
     ) -> RequestView:
-        """The request as policies see it: prefix hits per candidate, sticky worker, prefix rate."""
+        """The request as policies see it: prefix hits per candidate, sticky worker, prefix rate, cluster
+        load. `pool_workers`: the workers sharing the load when `workers` is only a candidate sample
+        (default: `len(workers)`)."""
         if len(prefix_hashes) != len(block_tokens):
             raise ValueError("prefix_hashes and block_tokens must have the same length")
         ids = {w.id for w in workers}
+        pool = len(workers) if pool_workers is None else pool_workers
         self.index.expire(now_s)  # speculative entries past their TTL match nothing
         hits: Mapping[str, int] = {w: n for w, n in self.index.match(prefix_hashes).items() if w in ids}
         sticky_worker: str | None = None
@@ -134,13 +191,21 @@ class RoutingState:
             sticky_worker=sticky_worker,
             sticky_since_s=sticky_since,
             prefix_rate=rate,
+            cluster_load=self.cluster_load(pool, now_s),
+            pool_workers=pool,
         )
+
+    def cluster_load(self, pool_workers: int, now_s: float) -> float:
+        """Engine seconds routed per second (`LoadMeter` of `TtftModel.work_s`) ÷ the pool's workers."""
+        return self.load.rate(now_s) / max(1, pool_workers)
 
     def commit(self, view: RequestView, decision: Decision, now_s: float) -> None:
         """Record the routing: index insert (approximate mode), per-prefix worker, since and rate."""
         worker = decision.worker
         if worker is None:
             return
+        hit = min(view.hit_tokens(worker), view.prompt_tokens)
+        self.load.add(self._work.work_s(view.prompt_tokens - hit, hit, view.max_tokens), now_s)
         if self.insert_on_commit and self.worth_indexing(view.block_tokens):
             self.index.insert_routed(worker, view.prefix_hashes, now_s)
         stats, half_life, step = self.stats, self.config.rate_half_life_s, self._rate_step

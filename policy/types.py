@@ -87,6 +87,11 @@ class RequestView:
     # the prompt tokens of the session's last request there (what that worker is believed to hold)
     session_worker: str | None = None
     session_tokens: int = 0
+    # cluster load (policy/state.py `LoadMeter`): the utilisation ρ of the pool by the work routed lately
+    # (engine seconds per second per worker: 0 = idle or unknown, > 1 = more than it can serve), and how
+    # many workers share it (0 = unknown)
+    cluster_load: float = 0.0
+    pool_workers: int = 0
 
     def hit_tokens(self, worker_id: str) -> int:
         """Prompt tokens covered by the blocks `worker_id` holds."""

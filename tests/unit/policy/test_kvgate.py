@@ -240,3 +240,31 @@ def test_a_hit_is_capacity_when_every_worker_is_busy() -> None:
         dataclasses.replace(CONFIG, ttft=dataclasses.replace(CONFIG.ttft, busy_weight_max=0.0))
     )
     assert off.decide(r, [w("a", 4000), w("b", 2500)], random.Random(0), 0.0).worker == "b"
+
+
+def test_a_recompute_is_charged_by_what_it_displaces_at_the_cluster_load() -> None:
+    # a holds the prompt behind a 3 s queue; b is idle: a 2 s miss, plus 2 s of miss work at weight 1.
+    # Fixed weight: 3 s < 4 s, held on a. Queueing: at rho 0.2 over 16 workers an arrival finds a free
+    # worker (Erlang C ~ 0), so nobody waits behind b's recompute: 2 s < 3 s, b. At rho 1 every
+    # recompute delays someone: the full weight again, a.
+    queueing = KvgatePolicy(
+        dataclasses.replace(
+            CONFIG, ttft=dataclasses.replace(CONFIG.ttft, miss_weight=1.0, miss_load="queueing")
+        )
+    )
+    workers = [w("a", 3000), w("b", 0)]
+    light = req({"a": 4}, cluster_load=0.2, pool_workers=16)
+    full = req({"a": 4}, cluster_load=1.0, pool_workers=16)
+    assert WEIGHTED.decide(light, workers, random.Random(0), 0.0).worker == "a"
+    assert queueing.decide(light, workers, random.Random(0), 0.0).worker == "b"
+    assert queueing.decide(full, workers, random.Random(0), 0.0).worker == "a"
+    # the guards' limit reads the same weight: a sticky hold on a is released at light load only
+    sticky = {"sticky_worker": "a", "sticky_since_s": 0.0, "pool_workers": 16}
+    assert (
+        queueing.decide(req({"a": 4}, cluster_load=0.2, **sticky), workers, random.Random(0), 0.0).worker
+        == "b"
+    )
+    assert (
+        queueing.decide(req({"a": 4}, cluster_load=1.0, **sticky), workers, random.Random(0), 0.0).worker
+        == "a"
+    )

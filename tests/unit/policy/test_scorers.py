@@ -125,3 +125,55 @@ def test_busy_weight_counts_the_least_loaded_workers_queue_in_full_prefills() ->
     flooded = [WorkerView(id="a", pending_prefill_tokens=60_000)]
     assert cost.busy_weight(r, flooded) == 4.0  # capped
     assert ServeCost(cost.ttft).busy_weight(r, busy) == 0.0  # off by default
+
+
+@pytest.mark.parametrize(
+    ("servers", "rho", "expected"),
+    [
+        pytest.param(1, 0.3, 0.3, id="M/M/1: an arrival waits with probability rho"),
+        pytest.param(2, 0.5, 1 / 3, id="M/M/2 at a = 1: 1/3"),
+        pytest.param(8, 0.0, 0.0, id="idle"),
+        pytest.param(8, 1.0, 1.0, id="saturated"),
+        pytest.param(8, 1.7, 1.0, id="overloaded"),
+    ],
+)
+def test_erlang_c(servers: int, rho: float, expected: float) -> None:
+    from policy.scorers import erlang_c
+
+    assert erlang_c(servers, rho) == pytest.approx(expected)
+
+
+def test_erlang_c_grows_with_load_and_falls_with_pooling() -> None:
+    from policy.scorers import erlang_c
+
+    loads = [erlang_c(8, r / 10) for r in range(10)]
+    assert loads == sorted(loads) and loads[0] == 0.0
+    assert erlang_c(16, 0.8) < erlang_c(8, 0.8) < erlang_c(1, 0.8)
+
+
+@pytest.mark.parametrize(
+    ("mode", "rho", "pool", "expected"),
+    [
+        pytest.param("fixed", 0.0, 8, 1.0, id="fixed: the load is not read"),
+        pytest.param("queueing", 0.5, 2, 1 / 3, id="queueing: Erlang C"),
+        pytest.param("queueing", 0.2, 16, 0.0, id="queueing: a large idle pool displaces nobody"),
+        pytest.param("queueing", 1.2, 16, 1.0, id="queueing: overload, every recompute displaces"),
+    ],
+)
+def test_miss_weight_is_scaled_by_what_a_recompute_displaces(
+    mode: str, rho: float, pool: int, expected: float
+) -> None:
+    from policy.scorers import ServeCost
+
+    cost = ServeCost(PredictedTtft(TtftModel(1000.0, 0.0, 0.0, 0.0)), miss_weight=1.0, miss_load=mode)
+    r = RequestView(id="r", prompt_tokens=2000, cluster_load=rho, pool_workers=pool)
+    assert cost.displaced(r) == pytest.approx(expected, abs=1e-6)
+    ttft, miss, total = cost.parts(r, WorkerView(id="a"), 0)
+    assert (ttft, miss) == (2.0, 2.0) and total == pytest.approx(2.0 + 2.0 * expected, abs=1e-5)
+
+
+def test_work_counts_uncached_prefill_and_decode_with_its_kv_read() -> None:
+    model = TtftModel(1000.0, 0.0, 0.0, 0.0, decode_s_per_token=0.001, decode_s_per_token_ctx=1e-6)
+    # 500 uncached: 0.5 s; 100 out at mean context 1000 + 500 + 50: 100 × (0.001 + 0.00155)
+    assert model.work_s(500, 1000, 100) == pytest.approx(0.5 + 0.255)
+    assert model.work_s(0, 1000, 0) == 0.0  # a full hit with nothing to decode costs nothing

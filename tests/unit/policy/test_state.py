@@ -131,3 +131,57 @@ def test_mismatched_lengths_raise() -> None:
         make_state().prepare(
             request_id="r", prefix_hashes=[1], block_tokens=[], prompt_tokens=1, workers=WORKERS, now_s=0.0
         )
+
+
+def test_load_meter_reads_a_steady_rate_at_any_age_without_warm_up() -> None:
+    from policy.state import LoadMeter
+
+    meter = LoadMeter(half_life_s=30.0)
+    assert meter.rate(0.0) == 0.0
+    meter.add(0.5, 0.0)
+    assert meter.rate(0.0) == 0.0  # one event starts the clock: no rate yet
+    for i in range(1, 11):  # 0.5 engine-seconds every 0.1 s for 1 s: 5 s per s
+        meter.add(0.5, i * 0.1)
+    # at 1/30 of a half-life (an EWMA from 0 would read 0.11 × the rate); the last event counting whole
+    # at `now` is the only (discretisation) error
+    assert math.isclose(meter.rate(1.0), 5.0, rel_tol=0.01)
+    for i in range(11, 3001):
+        meter.add(0.5, i * 0.1)
+    assert math.isclose(meter.rate(300.0), 5.0, rel_tol=0.01)
+    assert math.isclose(meter.rate(330.0), 2.5, rel_tol=0.01)  # 30 s quiet: half
+    meter.add(1.0, 320.0)  # an event stamped before the last one counts at the last time
+    assert meter.rate(330.0) > 0.0
+
+
+def test_cluster_load_is_the_routed_work_per_worker_of_the_pool() -> None:
+    from policy.config import TtftModelConfig
+
+    ttft = TtftModelConfig(
+        prefill_tokens_per_s=1000.0,
+        attention_s_per_token_ctx=0.0,
+        decode_s_per_token=0.001,
+        decode_s_per_token_ctx=0.0,
+    )
+    state = RoutingState(RoutingConfig(ttft=ttft, rate_half_life_s=30.0), PrefixIndex(1000))
+    for i in range(101):  # every second: 500 uncached tokens (0.5 s) + 100 output tokens (0.1 s)
+        view = state.prepare(
+            request_id=str(i), prefix_hashes=[i], block_tokens=[500], prompt_tokens=500,
+            max_tokens=100, workers=WORKERS, now_s=float(i),
+        )  # fmt: skip
+        state.commit(view, Decision(worker="a", reason="test"), float(i))
+    view = state.prepare(
+        request_id="n", prefix_hashes=[7], block_tokens=[500], prompt_tokens=500, workers=WORKERS, now_s=100.0
+    )
+    assert math.isclose(view.cluster_load, 0.6 / 2, rel_tol=0.02) and view.pool_workers == 2
+    # a candidate sample of a larger pool: the load is shared by the whole pool
+    sampled = state.prepare(
+        request_id="n", prefix_hashes=[7], block_tokens=[500], prompt_tokens=500, workers=WORKERS,
+        now_s=100.0, pool_workers=6,
+    )  # fmt: skip
+    assert math.isclose(sampled.cluster_load, 0.1, rel_tol=0.02) and sampled.pool_workers == 6
+    # a cached prefix is not work: the same request again on its holder adds only its decode
+    hit = state.prepare(
+        request_id="h", prefix_hashes=[100], block_tokens=[500], prompt_tokens=500, max_tokens=100,
+        workers=WORKERS, now_s=100.0,
+    )  # fmt: skip
+    assert hit.hit_tokens("a") == 500
