@@ -43,9 +43,10 @@ def parse_completion(endpoint: Endpoint, raw: bytes, limits: LimitsSection) -> P
         body = None
         deep = True
     else:  # anything past MAX_DEPTH would recurse too deeply later (hashing, re-encoding)
-        deep = too_deep_small(body)
-        if deep is None:  # a large body: counting its brackets first is cheaper than the walk
-            deep = raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and too_deep(body)
+        small = too_deep_small(body)  # None for a large body: its brackets counted first (cheaper)
+        deep = (
+            small if small is not None else raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and too_deep(body)
+        )
     if deep:
         raise GatewayError(
             400, "invalid_json", f"body nests arrays and objects deeper than {MAX_DEPTH} levels"
