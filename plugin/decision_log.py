@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 STREAM_KEY = "kvg:decisions"
 MAX_BUFFER = 10_000  # records kept while Redis is unreachable; older ones are dropped
+# a record's prefix blocks, kept apart from its dict: (prefix_hashes, block_tokens)
+Blocks = tuple[Sequence[int], Sequence[int]]
 
 
 class DecisionLog:
@@ -49,22 +52,23 @@ class DecisionLog:
         self.maxlen = maxlen
         self.to_log = to_log
         self.flush_ms = flush_ms
-        self._buffer: list[dict[str, Any]] = []
+        self._buffer: list[tuple[dict[str, Any], Blocks | None]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.written = 0
         self.dropped = 0
 
-    def record(self, entry: dict[str, Any]) -> None:
-        """Queue one record (hot path: a list append)."""
+    def record(self, entry: dict[str, Any], blocks: Blocks | None = None) -> None:
+        """Queue one record (hot path: a list append). `blocks`, the request's prefix hashes and block
+        tokens, become the record's `prefix_hashes` and `block_tokens` (encoded apart: `_encode_one`)."""
         if self.to_log:
-            logger.info("decision %s", _encode_one(entry))
+            logger.info("decision %s", _encode_one(entry, blocks))
         if self.redis is None and self.file is None:
             return
         if len(self._buffer) >= MAX_BUFFER:
             self._buffer.pop(0)
             self.dropped += 1
-        self._buffer.append(entry)
+        self._buffer.append((entry, blocks))
         self._wake.set()
 
     async def start(self) -> None:
@@ -113,11 +117,46 @@ class DecisionLog:
 
 
 # one encoder for every record: `json.dumps` with options builds a new one per call
-_encode_one = json.JSONEncoder(separators=(",", ":")).encode
+_encode_dict = json.JSONEncoder(separators=(",", ":")).encode
+HASH_TEXTS_MAX = 50_000  # decimal texts of block hashes kept (~5 MB); cleared when full
+TOKENS_TEXTS_MAX = 1_000  # JSON texts of block-token lists kept
 
 
-def _encode(batch: list[dict[str, Any]]) -> list[str]:
-    return [_encode_one(entry) for entry in batch]
+class _HashTexts(dict[int, str]):
+    """Block hash -> its decimal text: a shared prefix's hashes recur in record after record, and
+    int -> str of a 64-bit hash was most of a record's encoding (bench.hook_cost, callgrind)."""
+
+    def __missing__(self, h: int) -> str:
+        text = self[h] = str(h)
+        return text
+
+
+_hash_texts = _HashTexts()
+_tokens_texts: dict[tuple[int, ...], str] = {}
+
+
+def _encode_one(entry: dict[str, Any], blocks: Blocks | None = None) -> str:
+    """The record's JSON: `entry` with `prefix_hashes` and `block_tokens` from `blocks` (the same JSON
+    values `json` writes for them, from memoized texts)."""
+    line = _encode_dict(entry)
+    if blocks is None:
+        return line
+    hashes, tokens = blocks
+    key = tokens if isinstance(tokens, tuple) else tuple(tokens)
+    tokens_text = _tokens_texts.get(key)
+    if tokens_text is None:
+        if len(_tokens_texts) >= TOKENS_TEXTS_MAX:
+            _tokens_texts.clear()
+        tokens_text = _tokens_texts[key] = "[" + ",".join(map(str, key)) + "]"
+    if len(_hash_texts) >= HASH_TEXTS_MAX:
+        _hash_texts.clear()
+    hashes_text = ",".join(map(_hash_texts.__getitem__, hashes))
+    sep = "," if len(line) > 2 else ""
+    return f'{line[:-1]}{sep}"prefix_hashes":[{hashes_text}],"block_tokens":{tokens_text}}}'
+
+
+def _encode(batch: list[tuple[dict[str, Any], Blocks | None]]) -> list[str]:
+    return [_encode_one(entry, blocks) for entry, blocks in batch]
 
 
 def _append(path: Path, lines: list[str], max_bytes: int) -> None:

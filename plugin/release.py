@@ -20,6 +20,7 @@ from typing import Any
 from mitmproxy import http
 
 from plugin.context import GatewayContext
+from plugin.decision_log import Blocks
 from plugin.flow import NOT_HELD, FlowState, put_headers, state_of
 from plugin.metrics import outcome_of
 from plugin.streaming import SseMeter, Usage
@@ -130,7 +131,7 @@ class Release:
         route = state.route
         if state.parsed is None or route is None:
             if state.refused is not None or state.parsed is not None:  # refused: one record too
-                ctx.decisions.record(self._refusal_record(state, status, error))
+                ctx.decisions.record(self._refusal_record(state, status, error), _blocks(state))
             return
         hits = route.view.prefix_hits
         hit = hits.get(route.worker.id, 0)
@@ -184,7 +185,7 @@ class Release:
                 record["cached_tokens"] = usage.cached_tokens
                 metrics.cached_tokens.inc(model, arm, by=usage.cached_tokens)
                 metrics.actual_cached.inc(model, route.worker.id, arm, by=usage.cached_tokens)
-        ctx.decisions.record(record)
+        ctx.decisions.record(record, _blocks(state))  # prefix_hashes and block_tokens: encoded apart
 
     def _common_record(self, state: FlowState, status: int, error: str) -> dict[str, Any]:
         """The decision record's fields every request has, routed or refused."""
@@ -212,8 +213,6 @@ class Release:
         if prompt is not None:
             record["index"] = "exact" if prompt.exact else "approximate"
             record["prompt_tokens_est"] = prompt.prompt_tokens
-            record["prefix_hashes"] = prompt.hashes
-            record["block_tokens"] = prompt.block_tokens
             if ctx.config.decision_log.prompt_text and parsed is not None:
                 record["prompt_text"] = parsed.endpoint.prefix_text(parsed.body)
         return record
@@ -224,3 +223,9 @@ class Release:
         record.update(worker=None, refused_by=step, reason=reason, detail=detail)
         record.update(state.held.record() if state.held is not None else NOT_HELD)
         return record
+
+
+def _blocks(state: FlowState) -> Blocks | None:
+    """The record's `prefix_hashes` and `block_tokens` (plugin/decision_log.py encodes them)."""
+    prompt = state.prompt
+    return None if prompt is None else (prompt.hashes, prompt.block_tokens)

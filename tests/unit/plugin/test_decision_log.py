@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import random
+
 import redis.asyncio as aioredis
 
-from plugin.decision_log import DecisionLog, read_recent
+from plugin.decision_log import DecisionLog, _encode_one, read_recent
 
 
 async def test_records_reach_the_stream(redis: aioredis.Redis) -> None:
@@ -18,3 +21,20 @@ async def test_records_reach_the_stream(redis: aioredis.Redis) -> None:
     assert recent[0]["candidates"] == {"w0": {"ttft": 0.1}}
     assert await redis.xlen("kvg:decisions") < 400  # capped (MAXLEN ~ trims whole nodes)
     assert log.written == 400 and log.dropped == 0
+
+
+def test_blocks_encoded_apart_are_the_json_of_the_whole_record() -> None:
+    """`prefix_hashes` and `block_tokens` from memoized texts: the same values json writes."""
+    rng = random.Random(7)
+    shared = [rng.getrandbits(64) for _ in range(20)]
+    for i in range(300):
+        hashes = tuple(shared[: rng.randrange(21)] + [rng.getrandbits(64) for _ in range(rng.randrange(5))])
+        tokens = tuple(rng.choice((128, 16, 3)) for _ in hashes)
+        entry: dict[str, object] = {"request_id": f"r{i}", "arrival_ms": rng.random() * 1e12, "status": 200}
+        if i % 7 == 0:
+            entry = {}
+        line = _encode_one(entry, (hashes, list(tokens) if i % 2 else tokens))
+        whole = {**entry, "prefix_hashes": list(hashes), "block_tokens": list(tokens)}
+        assert json.loads(line) == whole
+        assert len(line) == len(json.dumps(whole, separators=(",", ":")))
+    assert _encode_one({"a": 1}) == '{"a":1}'
