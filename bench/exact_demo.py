@@ -3,12 +3,14 @@ exact (token blocks from the workers' /tokenize, agent-written from KV events).
 
 Same stack and scenario as `kvgate demo` (bench/demo.py): embedded Redis, 4 emulated vLLM workers
 with 2,000 KV blocks each, the tenant-system-prompts scenario (cache pressure 2.25× one worker's KV).
-Run 1: agents without KV events, gateway in approximate mode. Run 2: agents restarted with
-`--kv-events`, a new gateway with `prefix_mode = "exact"`. Worker caches are reset before each run.
+Approximate run: agents without KV events, gateway in approximate mode. Exact run: agents restarted
+with `--kv-events`, a new gateway with `prefix_mode = "exact"`. `--order` sets which runs first
+(default approximate); worker caches are reset before each run. `--decision-log DIR` keeps each
+mode's decision records (DIR/decisions-MODE.jsonl) for a request-by-request comparison.
 Prints TTFT p50/p99, the workers' own prefix-cache hit rate, and the exact run's /tokenize cost and
 fallbacks (from the gateway's /metrics).
 
-    python -m bench.exact_demo [--requests 240] [--rate 8]
+    python -m bench.exact_demo [--requests 240] [--rate 8] [--order exact,approximate] [--decision-log DIR]
 """
 
 from __future__ import annotations
