@@ -3,12 +3,14 @@ exact (token blocks from the workers' /tokenize, agent-written from KV events).
 
 Same stack and scenario as `kvgate demo` (bench/demo.py): embedded Redis, 4 emulated vLLM workers
 with 2,000 KV blocks each, the tenant-system-prompts scenario (cache pressure 2.25× one worker's KV).
-Run 1: agents without KV events, gateway in approximate mode. Run 2: agents restarted with
-`--kv-events`, a new gateway with `prefix_mode = "exact"`. Worker caches are reset before each run.
+Approximate run: agents without KV events, gateway in approximate mode. Exact run: agents restarted
+with `--kv-events`, a new gateway with `prefix_mode = "exact"`. `--order` sets which runs first
+(default approximate); worker caches are reset before each run. `--decision-log DIR` keeps each
+mode's decision records (DIR/decisions-MODE.jsonl) for a request-by-request comparison.
 Prints TTFT p50/p99, the workers' own prefix-cache hit rate, and the exact run's /tokenize cost and
 fallbacks (from the gateway's /metrics).
 
-    python -m bench.exact_demo [--requests 240] [--rate 8]
+    python -m bench.exact_demo [--requests 240] [--rate 8] [--order exact,approximate] [--decision-log DIR]
 """
 
 from __future__ import annotations
@@ -67,11 +69,17 @@ def gateway_metrics(metrics_url: str) -> dict[str, float]:
 
 
 def run(
-    stack: Stack, mode: str, scenario: TenantPromptsScenario, work_dir: Path, tokenizer: Path | None = None
+    stack: Stack,
+    mode: str,
+    scenario: TenantPromptsScenario,
+    work_dir: Path,
+    tokenizer: Path | None = None,
+    decision_log: Path | None = None,
 ) -> tuple[RunSummary, dict[str, float]]:
     config = work_dir / f"gateway-{mode}.toml"
     local = f'tokenizer = "{tokenizer}"\n' if tokenizer is not None and mode == "exact" else ""
-    config.write_text(f'[routing]\nprefix_mode = "{mode}"\n\n[models."{scenario.model}"]\n{local}')
+    log = f'\n[decision_log]\nfile = "{decision_log / f"decisions-{mode}.jsonl"}"\n' if decision_log else ""
+    config.write_text(f'[routing]\nprefix_mode = "{mode}"\n\n[models."{scenario.model}"]\n{local}{log}')
     gateway = stack.start_gateway(mode, config=config)
     wait_routable(gateway, WORKERS)
     reset_caches(stack.worker_urls)
@@ -101,7 +109,17 @@ def main(argv: list[str]) -> int:
         help="workers and the exact-mode gateway load bench/toy_model.py's model directory (real BPE and "
         "Llama 3 template): the gateway tokenizes itself, no /tokenize round trip",
     )
+    parser.add_argument(
+        "--order", default="approximate,exact", help="the modes, run in this order (comma-separated)"
+    )
+    parser.add_argument(
+        "--decision-log", type=Path, help="write each mode's decision records to DIR/decisions-MODE.jsonl"
+    )
     args = parser.parse_args(argv)
+    if any(m not in ("approximate", "exact") for m in args.order.split(",")):
+        parser.error(f"--order: modes are approximate and exact, not {args.order!r}")
+    if args.decision_log:
+        args.decision_log.mkdir(parents=True, exist_ok=True)
     scenario = TenantPromptsScenario(requests=args.requests, rate_rps=args.rate)
     runs = []
     with (
@@ -118,14 +136,14 @@ def main(argv: list[str]) -> int:
                 extra=["--num-gpu-blocks", str(NUM_GPU_BLOCKS), "--kv-events-endpoint", endpoints[wid],
                        *(["--tokenizer", str(tokenizer)] if tokenizer else [])],
             )  # fmt: skip
-            stack.start_agent(wid, url, model=scenario.model)
-        print("approximate run ...", file=sys.stderr)
-        runs.append(run(stack, "approximate", scenario, stack.log_dir))
-        for i, url in enumerate(stack.worker_urls):  # agents again, now following the KV events
-            stack.stop_process(f"agent-w{i}")
-            stack.start_agent(f"w{i}", url, model=scenario.model, extra=["--kv-events", endpoints[f"w{i}"]])
-        print("exact run ...", file=sys.stderr)
-        runs.append(run(stack, "exact", scenario, stack.log_dir, tokenizer))
+        for mode in args.order.split(","):
+            for i, url in enumerate(stack.worker_urls):  # agents again: following the KV events in exact mode
+                stack.stop_process(f"agent-w{i}")
+                kv = ["--kv-events", endpoints[f"w{i}"]] if mode == "exact" else []
+                stack.start_agent(f"w{i}", url, model=scenario.model, extra=kv)
+            print(f"{mode} run ...", file=sys.stderr)
+            local = tokenizer if mode == "exact" else None
+            runs.append(run(stack, mode, scenario, stack.log_dir, local, args.decision_log))
     pressure = scenario.working_set_tokens() / (NUM_GPU_BLOCKS * 16)
     print(
         f"\n{scenario.tenants} tenants × {scenario.system_tokens}-token system prompts, {scenario.requests} "

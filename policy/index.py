@@ -9,7 +9,9 @@ KV capacity), plus the reverse map hash → workers that `match` walks.
   insert(w, hs)   touch tail-first, so the root blocks of a chain are the most recently used and a chain
                   is evicted from its tail (vLLM evicts the deeper block first on ties, ENGINE.md §3).
 
-Memory: at most Σ capacity(w) entries (each held once per worker in the LRU and once in the reverse map).
+Memory: at most Σ capacity(w) entries (each held once per worker in the LRU and once in the reverse map),
+plus for an exact worker up to as many speculative entries again: they do not evict the blocks its
+engine reported stored, since the engine frees room for them itself and says which (BlockRemoved).
 
 Hybrid (exact mode, docs/EXACT.md): each worker has a kind. An `exact` worker's entries come from its
 engine's KV events (`insert`); what routing sends it is `insert_routed` as a *speculative* entry that
@@ -207,9 +209,12 @@ class PrefixIndex:
         lru = self._lru.get(worker)
         if lru is None:
             return
-        limit = self.capacity(worker)
+        capacity = self.capacity(worker)
         unconfirmed = self._speculative.get(worker)
-        while len(lru) > limit:
+        # An exact worker's speculative entries (up to its capacity again) come on top: the engine makes
+        # room for them itself and reports it (BlockRemoved), where this LRU's order would evict other
+        # blocks than the engine's, entries that would not come back while the engine keeps the blocks.
+        while len(lru) > capacity + (min(len(unconfirmed), capacity) if unconfirmed else 0):
             h, _ = lru.popitem(last=False)
             self._drop_holder(h, worker)
             if unconfirmed:

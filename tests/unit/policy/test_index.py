@@ -105,8 +105,9 @@ def test_re_routing_refreshes_a_speculative_entry_and_removal_wins() -> None:
 def test_eviction_and_clear_drop_speculative_marks_and_a_kind_back_to_approximate() -> None:
     idx = PrefixIndex(2, speculative_ttl_s=2.0)
     idx.set_kind("e", "exact")
-    idx.insert_routed("e", [1, 2, 3], now_s=0.0)  # capacity 2: block 3 (the tail) is evicted
-    assert idx.size("e") == 2 and idx.speculative_size("e") == 2
+    # capacity 2, and as many speculative entries again: block 5 (the tail) is evicted
+    idx.insert_routed("e", [1, 2, 3, 4, 5], now_s=0.0)
+    assert idx.size("e") == 4 and idx.speculative_size("e") == 4 and idx.match([1, 2, 3, 4, 5]) == {"e": 4}
     idx.clear("e")
     assert idx.speculative_size("e") == 0 and idx.expire(10.0) == 0
     idx.insert_routed("e", [5], now_s=0.0)
@@ -118,3 +119,24 @@ def test_eviction_and_clear_drop_speculative_marks_and_a_kind_back_to_approximat
         idx.set_kind("e", "oracle")
     with pytest.raises(ValueError, match="speculative_ttl_s"):
         PrefixIndex(1, speculative_ttl_s=0)
+
+
+def test_speculative_entries_do_not_evict_what_an_exact_worker_holds() -> None:
+    """An exact worker at capacity: routing a new prompt there adds speculative entries before the
+    engine's BlockRemoved for its victims arrives. They must not push out confirmed entries: the mirror
+    would evict by its own order (here the head of a chain stored in two batches, so the whole prefix
+    stops matching) where the engine evicts by its own (the tail), and a block the engine keeps is not
+    stored again, so the entry would not come back. The engine's BlockRemoved is the eviction."""
+    idx = PrefixIndex(10, speculative_ttl_s=3.0)
+    idx.set_kind("e", "exact")
+    a, b, c = [1, 2, 3, 4, 5, 6], [11, 12, 13, 14], [21, 22, 23]
+    idx.insert("e", a[:3], now_s=0.0)  # BlockStored of a chunked prefill: two batches, head first
+    idx.insert("e", a[3:], now_s=0.1)
+    idx.insert("e", b, now_s=0.2)  # 10 blocks: the engine's KV is full
+    idx.insert_routed("e", c, now_s=1.0)  # a new prompt routed to it
+    assert idx.match(a) == {"e": 6} and idx.match(b) == {"e": 4} and idx.match(c) == {"e": 3}
+    assert idx.match_kind("e", c, 3) == "speculative"
+    idx.remove("e", a[3:])  # the engine evicted a's tail ...
+    idx.insert("e", c, now_s=1.2)  # ... to store c
+    assert idx.match(a) == {"e": 3} and idx.match(c) == {"e": 3} and idx.size("e") == 10
+    assert idx.match_kind("e", c, 3) == "exact" and idx.speculative_size("e") == 0
