@@ -48,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from hashlib import blake2b
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import jinja2
 from cachetools import LRUCache
@@ -76,6 +76,9 @@ _CHUNKABLE_SPLITS = frozenset(
         r"|\s*[\r\n]+|\s+(?!\S)|\s+",
     }
 )
+
+
+_T = TypeVar("_T")
 
 
 class LocalTokenizerError(ValueError):
@@ -260,11 +263,7 @@ class LocalTokenizer:
         if plan.new:
             plan.fresh.update(zip(plan.new, self._encode(plan.new, special), strict=True))
             self._remember(plan)
-        out = None
-        for out in self._extend(plan, model, block_size):  # noqa: B007 - the last value is the result
-            pass
-        assert out is not None
-        return out
+        return _last(self._extend(plan, model, block_size))
 
     def chunks(self, piece: str, special: bool = False) -> list[str]:
         """`piece` cut at _SAFE_CUT into chunks of about chunk_chars (whole if it is not chunkable)."""
@@ -317,11 +316,7 @@ class LocalTokenizer:
 
     def _plan(self, text: str, special: bool, block_size: int, model: str) -> _Plan:
         """Cut `text`, find the longest cached chain, and list the pieces after it still to encode."""
-        plan = None
-        for plan in self._plan_steps(text, special, block_size, model):  # noqa: B007 - the last value
-            pass
-        assert plan is not None
-        return plan
+        return _last(self._plan_steps(text, special, block_size, model))
 
     def _plan_steps(self, text: str, special: bool, block_size: int, model: str) -> Iterator[_Plan | None]:
         """`_plan` in three steps of ~0.1-0.4 ms for a 32k-token prompt: None between them, then the plan."""
@@ -415,6 +410,15 @@ class _Plan:
     chain: _Chain | None  # the longest cached chain the text starts with
     new: list[str]  # distinct pieces to encode (in no cache)
     fresh: dict[str, tuple[int, ...]] = field(default_factory=dict)  # their ids, once encoded
+
+
+def _last(steps: Iterator[_T | None]) -> _T:
+    """The last value of a stepwise computation (`_plan_steps`, `_extend`) run without yielding."""
+    out = None
+    for out in steps:  # noqa: B007 - the last value is the result
+        pass
+    assert out is not None
+    return out
 
 
 def reference_hashes(tok: LocalTokenizer, body: Mapping[str, Any], model: str, block_size: int) -> list[int]:
