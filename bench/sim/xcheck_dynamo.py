@@ -38,6 +38,9 @@ KVGATE_POLICIES = ("dynamo", "round_robin")  # the same two routers, in the same
 METRIC_KEYS = ("hit_rate", "ttft_p50", "ttft_p99")
 # the issue-9 goal: hit rates within 3 points, round-robin ÷ KV-router TTFT p50 within ±30 %
 HIT_GOAL_POINTS = 3.0
+# the kvgate side's engine: the mocker's default timing model written as one of our profiles, so that both
+# simulators run at the same engine speed (bench/sim/profiles/dynamo-mocker-1.6.1.toml)
+MATCHED_PROFILE = "dynamo-mocker-1.6.1"
 RATIO_GOAL = 0.30
 
 Metrics = dict[str, float]
@@ -174,7 +177,12 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("trace", type=Path, help="a Mooncake JSONL trace (512-token hash blocks)")
     parser.add_argument("--json", type=Path, required=True, metavar="PATH", help="write the results here")
-    parser.add_argument("--profile", default="h100-llama3.1-8b", help="engine profile of both simulators")
+    parser.add_argument(
+        "--profile",
+        default=MATCHED_PROFILE,
+        help="the kvgate simulator's engine profile; the mocker gets its block size and capacity "
+        f"(default {MATCHED_PROFILE}: the mocker's own timing model in our step model's terms)",
+    )
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
