@@ -4,6 +4,7 @@ A profile is a TOML file in bench/sim/profiles/ (package data) with the KV pool,
 and the coefficients of the step-time model of shared/reference/ENGINE.md §8:
 
     t_step = t0 + max(t_w + e·B, b·N) + c·Σ n_i·(ctx_i + n_i/2) + f·Σ ctx_j        (milliseconds)
+             [+ t_prefill if the step schedules prompt tokens; optional, 0 when absent]
 
 B = decoding sequences in the step, N = B + Σ n_i scheduled tokens, n_i = new prefill tokens of request i
 after ctx_i tokens already in its KV cache, ctx_j = context of decoding sequence j. Every number in a profile
@@ -36,6 +37,8 @@ _FLOAT_KEYS = (
 _TEXT_KEYS = ("name", "gpu", "model")
 _OPTIONAL_TEXT_KEYS = ("engine",)
 _OPTIONAL_INT_KEYS = ("max_model_len",)  # absent: the KV pool is the only limit
+# absent: 0. Only the profile of NVIDIA Dynamo's mocker sets it (its prefill time has a per-step constant)
+_OPTIONAL_FLOAT_KEYS = ("t_prefill_ms",)
 
 
 class ProfileError(ValueError):
@@ -60,6 +63,7 @@ class EngineProfile:
     e_ms_per_seq: float  # per decoding sequence growth below the ridge
     f_ms_per_ctx_token: float  # decode KV read per context token
     max_model_len: int | None = None  # longest request (prompt + output) the engine accepts
+    t_prefill_ms: float = 0.0  # extra per-step overhead of a step that schedules prompt tokens
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -97,6 +101,7 @@ def load_profile(name_or_path: str | Path) -> EngineProfile:
 def _parse(raw: dict[str, Any], where: str) -> EngineProfile:
     numbers = (*_INT_KEYS, *_FLOAT_KEYS)
     optional = tuple(k for k in _OPTIONAL_INT_KEYS if raw.get(k) is not None)
+    optional_floats = tuple(k for k in _OPTIONAL_FLOAT_KEYS if raw.get(k) not in (None, 0, 0.0))
     allowed = {
         *_TEXT_KEYS,
         *_OPTIONAL_TEXT_KEYS,
@@ -104,6 +109,8 @@ def _parse(raw: dict[str, Any], where: str) -> EngineProfile:
         *(f"{k}_source" for k in numbers),
         *_OPTIONAL_INT_KEYS,
         *(f"{k}_source" for k in _OPTIONAL_INT_KEYS),
+        *_OPTIONAL_FLOAT_KEYS,
+        *(f"{k}_source" for k in _OPTIONAL_FLOAT_KEYS),
     }
     for key in raw:
         if key not in allowed:
@@ -114,21 +121,21 @@ def _parse(raw: dict[str, Any], where: str) -> EngineProfile:
     for key in (*_TEXT_KEYS, *_OPTIONAL_TEXT_KEYS, *(f"{k}_source" for k in numbers)):
         if key in raw and not (isinstance(raw[key], str) and raw[key].strip()):
             raise ProfileError(f"{where}: {key} must be a non-empty string")
-    for key in optional:
+    for key in (*optional, *optional_floats):
         if f"{key}_source" not in raw:
             raise ProfileError(f"{where}: missing key {key + '_source'!r}")
     for key in (*_INT_KEYS, *optional):
         value = raw[key]
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ProfileError(f"{where}: {key} = {value!r}: must be a positive integer")
-    for key in _FLOAT_KEYS:
+    for key in (*_FLOAT_KEYS, *optional_floats):
         value = raw[key]
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
             raise ProfileError(f"{where}: {key} = {value!r}: must be a positive finite number")
     if raw["max_num_seqs"] > raw["max_num_batched_tokens"]:
         # vLLM rejects this too: every running sequence needs a token of the step budget to decode
         raise ProfileError(f"{where}: max_num_seqs must be <= max_num_batched_tokens")
-    sources = {k: raw[f"{k}_source"] for k in (*numbers, *optional)}
+    sources = {k: raw[f"{k}_source"] for k in (*numbers, *optional, *optional_floats)}
     if "engine" in raw:
         sources["engine"] = raw["engine"]
     return EngineProfile(
@@ -146,6 +153,7 @@ def _parse(raw: dict[str, Any], where: str) -> EngineProfile:
         e_ms_per_seq=float(raw["e_ms_per_seq"]),
         f_ms_per_ctx_token=float(raw["f_ms_per_ctx_token"]),
         max_model_len=int(raw["max_model_len"]) if "max_model_len" in optional else None,
+        t_prefill_ms=float(raw["t_prefill_ms"]) if "t_prefill_ms" in optional_floats else 0.0,
         sources=sources,
     )
 
@@ -157,7 +165,7 @@ def scaled(profile: EngineProfile, **overrides: Any) -> EngineProfile:
     if unknown:
         raise ProfileError(f"scaled({profile.name}): unknown key {sorted(unknown)[0]!r}")
     fields.update(overrides)
-    numbers = (*_INT_KEYS, *_FLOAT_KEYS, *_OPTIONAL_INT_KEYS)
+    numbers = (*_INT_KEYS, *_FLOAT_KEYS, *_OPTIONAL_INT_KEYS, *_OPTIONAL_FLOAT_KEYS)
     raw = {**fields, **{f"{k}_source": profile.sources.get(k, "override") for k in numbers}}
     for key in overrides:
         if key in numbers:
@@ -174,7 +182,8 @@ def step_time_ms(
     p = profile
     scheduled = decodes + prefill_tokens
     return (
-        p.t0_ms
+        (p.t_prefill_ms if prefill_tokens > 0 else 0.0)
+        + p.t0_ms
         + max(p.t_w_ms + p.e_ms_per_seq * decodes, p.b_ms_per_token * scheduled)
         + p.c_ms_per_token_ctx * prefill_attn
         + p.f_ms_per_ctx_token * decode_ctx

@@ -1,14 +1,20 @@
 """Cross-check the simulator against NVIDIA Dynamo's own offline trace replay.
 
     python -m bench.sim.xcheck_dynamo TRACE --json PATH [--profile NAME] [--workers N] [--seed N]
+    python -m bench.sim.xcheck_dynamo --engine-check --json PATH [--profile NAME]
 
 Dynamo's replay (`dynamo.replay.run_trace_replay`, ai-dynamo 1.6.1) runs Dynamo's real KV router
 (its Rust selector) or round robin in front of its mocker engine, in virtual time. This runs that
 replay with `router_mode="kv_router"` and `"round_robin"`, and the kvgate simulator with its
 `dynamo` (bench/peers/dynamo.py, our re-implementation) and `round_robin` policies, on the same
-Mooncake trace at its own timestamps, with the mocker's engine set to the simulator's profile as
-far as its options go: KV block size, KV blocks per worker, max_num_seqs, max_num_batched_tokens.
-Its step times stay the mocker's own model (docs/SIMULATOR.md, "Cross-check against Dynamo").
+Mooncake trace at its own timestamps, both engines matched in capacity and speed. The mocker gets
+the profile's KV block size, KV blocks per worker, max_num_seqs and max_num_batched_tokens, and keeps
+its default timing model (a polynomial of the step's new prompt tokens and KV occupancy). Our
+simulator runs on profile dynamo-mocker-1.6.1, that polynomial written in our step model's terms
+(bench/sim/profiles/dynamo-mocker-1.6.1.toml): the mocker's timing options cannot express our
+profiles' attention-to-context cost, while our step model holds the mocker's polynomial up to a
+linearisation (docs/SIMULATOR.md, "Cross-check against Dynamo"). `--profile h100-llama3.1-8b` runs
+our side on its H100 calibration instead, the mocker unchanged.
 
 PATH gets `{"dynamo_replay": {"kv_router": M, "round_robin": M}, "kvgate_sim": {"dynamo": M,
 "round_robin": M}}` with M = `{"hit_rate", "ttft_p50", "ttft_p99"}` (fractions, seconds); stdout gets
@@ -25,6 +31,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +45,9 @@ KVGATE_POLICIES = ("dynamo", "round_robin")  # the same two routers, in the same
 METRIC_KEYS = ("hit_rate", "ttft_p50", "ttft_p99")
 # the issue-9 goal: hit rates within 3 points, round-robin ÷ KV-router TTFT p50 within ±30 %
 HIT_GOAL_POINTS = 3.0
+# the kvgate side's engine: the mocker's default timing model written as one of our profiles, so that both
+# simulators run at the same engine speed (bench/sim/profiles/dynamo-mocker-1.6.1.toml)
+MATCHED_PROFILE = "dynamo-mocker-1.6.1"
 RATIO_GOAL = 0.30
 
 Metrics = dict[str, float]
@@ -76,8 +86,8 @@ def replay_metrics(summary: Mapping[str, Any]) -> Metrics:
     }
 
 
-def run_dynamo(trace: Path, mode: str, profile: EngineProfile, workers: int) -> Metrics:
-    """One Dynamo offline replay of `trace` (raises DynamoMissing without the package)."""
+def replay_summary(trace: Path, mode: str, profile: EngineProfile, workers: int) -> Mapping[str, Any]:
+    """One Dynamo offline replay of `trace`: its report summary (raises DynamoMissing without the package)."""
     os.environ.setdefault("DYN_LOG", "warn")  # the selector logs every decision at info
     try:
         from dynamo.replay import run_trace_replay
@@ -91,7 +101,13 @@ def run_dynamo(trace: Path, mode: str, profile: EngineProfile, workers: int) -> 
         replay_mode="offline",
         extra_engine_args=mocker_engine_args(profile),
     )
-    return replay_metrics(report.summary)
+    summary: Mapping[str, Any] = report.summary
+    return summary
+
+
+def run_dynamo(trace: Path, mode: str, profile: EngineProfile, workers: int) -> Metrics:
+    """M of one Dynamo offline replay of `trace`."""
+    return replay_metrics(replay_summary(trace, mode, profile, workers))
 
 
 def run_kvgate(trace: Path, policy: str, profile: EngineProfile, workers: int, seed: int) -> Metrics:
@@ -115,6 +131,82 @@ def cross_check(
         "dynamo_replay": {mode: dynamo(trace, mode, profile, workers) for mode in DYNAMO_MODES},
         "kvgate_sim": {p: run_kvgate(trace, p, profile, workers, seed) for p in KVGATE_POLICIES},
     }
+
+
+# --engine-check: one worker, round robin; one request alone per prompt length, then an overload
+ALONE_PROMPTS = (512, 2048, 4096, 8192, 16384, 40960)
+ALONE_OUTPUT = 201
+OVERLOAD = {"requests": 40, "prompt": 6000, "output": 150, "gap_ms": 60}
+
+
+def engine_check_traces(directory: Path) -> dict[str, Path]:
+    """Mooncake traces that show the engines' speed: `alone-L` (one L-token prompt on an idle worker)
+    and `overload` (distinct prompts arriving faster than one worker serves them)."""
+    traces: dict[str, Path] = {}
+
+    def write(name: str, rows: list[dict[str, Any]]) -> None:
+        traces[name] = directory / f"{name}.jsonl"
+        traces[name].write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    for tokens in ALONE_PROMPTS:
+        blocks = list(range(-(-tokens // TRACE_BLOCK_TOKENS)))
+        write(
+            f"alone-{tokens}",
+            [{"timestamp": 0, "input_length": tokens, "output_length": ALONE_OUTPUT, "hash_ids": blocks}],
+        )
+    n, prompt, output, gap = (OVERLOAD[k] for k in ("requests", "prompt", "output", "gap_ms"))
+    per = -(-prompt // TRACE_BLOCK_TOKENS)
+    write(
+        "overload",
+        [
+            {
+                "timestamp": gap * i,
+                "input_length": prompt,
+                "output_length": output,
+                "hash_ids": list(range(per * i, per * (i + 1))),
+            }
+            for i in range(n)
+        ],
+    )
+    return traces
+
+
+SummaryRunner = Callable[[Path, str, EngineProfile, int], Mapping[str, Any]]
+
+
+def engine_check(
+    profile: EngineProfile, directory: Path, dynamo: SummaryRunner = replay_summary
+) -> dict[str, dict[str, Metrics]]:
+    """TTFT p50/p99 and e2e p50 (seconds) of both engines on engine_check_traces, one worker."""
+    out: dict[str, dict[str, Metrics]] = {}
+    for name, trace in engine_check_traces(directory).items():
+        s = dynamo(trace, "round_robin", profile, 1)
+        ours = run_policy("round_robin", load_trace(trace), profile.name, 1, 1).metrics
+        out[name] = {
+            "dynamo": {
+                "ttft_p50": float(s["median_ttft_ms"]) / 1000,
+                "ttft_p99": float(s["p99_ttft_ms"]) / 1000,
+                "e2e_p50": float(s["median_e2e_latency_ms"]) / 1000,
+            },
+            "kvgate": {key: float(ours[key]) for key in ("ttft_p50", "ttft_p99", "e2e_p50")},  # type: ignore[arg-type]
+        }
+    return out
+
+
+def render_engine_check(profile: EngineProfile, doc: Mapping[str, Mapping[str, Metrics]]) -> str:
+    rows = [
+        f"engines on one worker (mocker: its own timing; kvgate: profile {profile.name}), seconds",
+        f"{'':<16}{'Dynamo mocker':>30}{'kvgate engine':>30}",
+        f"{'':<16}" + f"{'ttft p50':>10}{'ttft p99':>10}{'e2e p50':>10}" * 2,
+    ]
+    for name, sides in doc.items():
+        cells = "".join(
+            f"{sides[side][k]:>10.4f}"
+            for side in ("dynamo", "kvgate")
+            for k in ("ttft_p50", "ttft_p99", "e2e_p50")
+        )
+        rows.append(f"{name:<16}{cells}")
+    return "\n".join(rows)
 
 
 def comparison(doc: Mapping[str, Mapping[str, Metrics]]) -> dict[str, float | bool]:
@@ -172,14 +264,29 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.sim.xcheck_dynamo", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("trace", type=Path, help="a Mooncake JSONL trace (512-token hash blocks)")
+    parser.add_argument("trace", type=Path, nargs="?", help="a Mooncake JSONL trace (512-token hash blocks)")
     parser.add_argument("--json", type=Path, required=True, metavar="PATH", help="write the results here")
-    parser.add_argument("--profile", default="h100-llama3.1-8b", help="engine profile of both simulators")
+    parser.add_argument(
+        "--profile",
+        default=MATCHED_PROFILE,
+        help="the kvgate simulator's engine profile; the mocker gets its block size and capacity "
+        f"(default {MATCHED_PROFILE}: the mocker's own timing model in our step model's terms)",
+    )
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--engine-check",
+        action="store_true",
+        help="instead of a trace: both engines on one worker, one request alone per prompt length "
+        "and an overload (how closely the profile matches the mocker's speed)",
+    )
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be >= 1")
+    if args.engine_check:
+        return _engine_check_main(args.profile, args.json)
+    if args.trace is None:
+        parser.error("TRACE is required (or --engine-check)")
     try:
         profile = load_profile(args.profile)
         load_trace(args.trace, limit=1)  # a bad trace fails before any replay
@@ -190,6 +297,20 @@ def main(argv: list[str]) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=2) + "\n")
     print(render(args.trace, doc))
+    return 0
+
+
+def _engine_check_main(profile_name: str, out: Path) -> int:
+    try:
+        profile = load_profile(profile_name)
+        with tempfile.TemporaryDirectory(prefix="xcheck-engines-") as tmp:
+            doc = engine_check(profile, Path(tmp))
+    except (DynamoMissing, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(render_engine_check(profile, doc))
     return 0
 
 

@@ -16,6 +16,7 @@ from bench.sim.profiles import (
     load_profile,
     prefill_time_s,
     scaled,
+    step_time_ms,
 )
 
 SHIPPED = ["h100-llama3.1-8b", "h100-qwen3-32b-fp8", "h200x4-llama3.1-70b"]
@@ -165,3 +166,43 @@ def test_scaled_replaces_and_validates() -> None:
         scaled(base, nope=1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         small.num_gpu_blocks = 5  # type: ignore[misc]
+
+
+def test_t_prefill_is_charged_once_per_step_with_prompt_tokens(tmp_path: Path) -> None:
+    base = load_profile("h100-llama3.1-8b")
+    assert base.t_prefill_ms == 0.0  # absent: every profile but the mocker's keeps its step times
+    text = _good_text() + '\nt_prefill_ms = 10.0\nt_prefill_ms_source = "a per-prefill-step constant"\n'
+    with_it = load_profile(_write(tmp_path, text))
+    assert with_it.t_prefill_ms == 10.0
+    assert step_time_ms(with_it, 4, 4096, 0, 0.0) == step_time_ms(base, 4, 4096, 0, 0.0)
+    assert step_time_ms(with_it, 4, 4096, 100, 5000.0) == pytest.approx(
+        step_time_ms(base, 4, 4096, 100, 5000.0) + 10.0
+    )
+    assert scaled(with_it, num_gpu_blocks=100).t_prefill_ms == 10.0
+    with pytest.raises(ProfileError, match="missing key 't_prefill_ms_source'"):
+        load_profile(_write(tmp_path, _good_text() + "\nt_prefill_ms = 10.0\n"))
+    with pytest.raises(ProfileError, match="t_prefill_ms = -1"):
+        load_profile(_write(tmp_path, text.replace("t_prefill_ms = 10.0", "t_prefill_ms = -1")))
+
+
+def _mocker_prefill_ms(tokens: int) -> float:
+    """NVIDIA Dynamo 1.6.1's mocker, polynomial timing: one request alone, chunks of 8,192 tokens."""
+    chunks = [min(8192, tokens - k) for k in range(0, tokens, 8192)]
+    return sum(16.50142 + 0.01518344 * n + 4.209989e-07 * n * n for n in chunks)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "rel"),
+    [(512, 0.09), (2048, 0.11), (4096, 0.07), (8192, 0.02), (16384, 0.02), (40960, 0.02)],
+)
+def test_the_mocker_profile_prefills_as_the_mocker(tokens: int, rel: float) -> None:
+    got_ms = prefill_time_s(load_profile("dynamo-mocker-1.6.1"), tokens) * 1000
+    assert got_ms == pytest.approx(_mocker_prefill_ms(tokens), rel=rel)
+
+
+@pytest.mark.parametrize("ctx_tokens", [1024, 8192, 43_654])  # p = ctx / 436,544 tokens up to 0.1
+def test_the_mocker_profile_decodes_as_the_mocker(ctx_tokens: int) -> None:
+    p = ctx_tokens / (27284 * 16)
+    mocker_ms = 5.74 + 54.01 * p - 25.74 * p * p
+    got_ms = decode_step_s(load_profile("dynamo-mocker-1.6.1"), 1, ctx_tokens) * 1000
+    assert got_ms == pytest.approx(mocker_ms, abs=0.27)

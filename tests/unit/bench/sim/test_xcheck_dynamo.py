@@ -11,10 +11,13 @@ import pytest
 
 from bench.sim.profiles import EngineProfile, load_profile
 from bench.sim.xcheck_dynamo import (
+    ALONE_PROMPTS,
     INSTALL_HINT,
+    MATCHED_PROFILE,
     METRIC_KEYS,
     comparison,
     cross_check,
+    engine_check,
     main,
     mocker_engine_args,
     replay_metrics,
@@ -130,3 +133,35 @@ def test_against_the_real_dynamo_replay(tmp_path: Path) -> None:
     assert main([str(trace), "--json", str(out), "--workers", "2"]) == 0
     doc = json.loads(out.read_text())
     assert doc["dynamo_replay"]["kv_router"]["hit_rate"] > 0.5
+
+
+def test_by_default_our_side_runs_on_the_mocker_profile() -> None:
+    matched = load_profile(MATCHED_PROFILE)
+    assert matched.t_prefill_ms > 0  # the mocker's per-prefill-step constant
+    engine = mocker_engine_args(matched)["engine"]
+    assert (
+        engine["block_size"] * engine["num_gpu_blocks"] == matched.capacity_tokens == PROFILE.capacity_tokens
+    )
+
+
+def test_engine_check_runs_both_engines_alone_and_overloaded(tmp_path: Path) -> None:
+    seen: list[tuple[str, str, int]] = []
+
+    def stand_in(trace: Path, mode: str, profile: EngineProfile, workers: int) -> dict[str, float]:
+        seen.append((trace.stem, mode, workers))
+        return {"median_ttft_ms": 169.1, "p99_ttft_ms": 169.1, "median_e2e_latency_ms": 1520.5}
+
+    doc = engine_check(load_profile(MATCHED_PROFILE), tmp_path, dynamo=stand_in)
+    assert set(doc) == {*(f"alone-{n}" for n in ALONE_PROMPTS), "overload"}
+    assert all(mode == "round_robin" and workers == 1 for _, mode, workers in seen)
+    assert doc["alone-8192"]["dynamo"] == {"ttft_p50": 0.1691, "ttft_p99": 0.1691, "e2e_p50": 1.5205}
+    # the mocker's 8,192-token prefill is 169.1 ms (its polynomial); the derived profile is within 2 %
+    assert doc["alone-8192"]["kvgate"]["ttft_p50"] == pytest.approx(0.1691, rel=0.02)
+    assert doc["overload"]["kvgate"]["ttft_p99"] > doc["overload"]["kvgate"]["ttft_p50"] > 0.5
+    lines = [json.loads(x) for x in (tmp_path / "overload.jsonl").read_text().splitlines()]
+    assert len({b for row in lines for b in row["hash_ids"]}) == sum(len(row["hash_ids"]) for row in lines)
+
+
+def test_trace_or_engine_check_is_required(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        main(["--json", str(tmp_path / "x.json")])
