@@ -2,7 +2,10 @@
 exact (token blocks from the workers' /tokenize, agent-written from KV events).
 
 Same stack and scenario as `kvgate demo` (bench/demo.py): embedded Redis, 4 emulated vLLM workers
-with 2,000 KV blocks each, the tenant-system-prompts scenario (cache pressure 2.25× one worker's KV).
+with 2,000 KV blocks each, the tenant-system-prompts scenario (12 × 6,000-token system prompts: cache
+pressure 2.25× one worker's KV). The prompts are sized in the workers' own tokens (with
+`--local-tokenizer`, the toy BPE makes a token of fewer characters than the fake tokenizer's 4), and the
+printed pressure counts them.
 Approximate run: agents without KV events, gateway in approximate mode. Exact run: agents restarted
 with `--kv-events`, a new gateway with `prefix_mode = "exact"`. `--order` sets which runs first
 (default approximate); worker caches are reset before each run. `--decision-log DIR` keeps each
@@ -22,7 +25,10 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+
+from tokenizers import Tokenizer
 
 from bench import toy_model
 from bench.demo import (
@@ -34,9 +40,11 @@ from bench.demo import (
     reset_caches,
     summarize,
 )
+from bench.emulator import tokenizer as fake
 from bench.live_scenarios import TenantPromptsScenario
 from bench.loadgen import run_open_loop
 from bench.stack import Stack
+from policy.prefix import CHARS_PER_TOKEN
 from store.redis_server import free_port
 
 
@@ -66,6 +74,18 @@ def gateway_metrics(metrics_url: str) -> dict[str, float]:
             key = name + ("{kind=hit}" if 'kind="hit"' in line else "")
             out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
+
+
+KV_TOKENS = NUM_GPU_BLOCKS * 16  # one worker's KV (16-token blocks)
+
+
+def token_counter(tokenizer: Path | None) -> Callable[[str], int]:
+    """Tokens of a text in the workers' tokenizer: the toy BPE of `tokenizer`'s model directory, else
+    the emulator's fake one (4 characters per token)."""
+    if tokenizer is None:
+        return fake.count_tokens
+    tok = Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
+    return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
 
 
 def run(
@@ -120,7 +140,6 @@ def main(argv: list[str]) -> int:
         parser.error(f"--order: modes are approximate and exact, not {args.order!r}")
     if args.decision_log:
         args.decision_log.mkdir(parents=True, exist_ok=True)
-    scenario = TenantPromptsScenario(requests=args.requests, rate_rps=args.rate)
     runs = []
     with (
         tempfile.TemporaryDirectory(prefix="kvgate-exact-") as tmp,
@@ -128,6 +147,9 @@ def main(argv: list[str]) -> int:
     ):
         stack.start_redis()
         tokenizer = toy_model.build(Path(tmp) / "model") if args.local_tokenizer else None
+        count = token_counter(tokenizer)
+        # the prompts in the workers' own tokens, so the printed working set is what their KV holds
+        scenario = TenantPromptsScenario(requests=args.requests, rate_rps=args.rate).sized_for(count)
         endpoints = {}
         for i in range(WORKERS):
             wid, endpoints[f"w{i}"] = f"w{i}", f"tcp://127.0.0.1:{free_port()}"
@@ -144,10 +166,15 @@ def main(argv: list[str]) -> int:
             print(f"{mode} run ...", file=sys.stderr)
             local = tokenizer if mode == "exact" else None
             runs.append(run(stack, mode, scenario, stack.log_dir, local, args.decision_log))
-    pressure = scenario.working_set_tokens() / (NUM_GPU_BLOCKS * 16)
+    working_set = scenario.working_set_tokens(count)
+    estimate = sum(len(p) for p in scenario.system_prompts()) / CHARS_PER_TOKEN
+    tokens, each = "toy BPE" if tokenizer else "fake tokenizer", working_set / scenario.tenants
     print(
-        f"\n{scenario.tenants} tenants × {scenario.system_tokens}-token system prompts, {scenario.requests} "
-        f"requests at {scenario.rate_rps}/s, {WORKERS} workers; cache pressure {pressure:.2f}× one worker"
+        f"\n{scenario.tenants} tenants × {each:.0f}-token system prompts ({tokens}: "
+        f"{scenario.chars_per_token:.2f} characters per token; approximate mode's estimate "
+        f"{estimate / scenario.tenants:.0f}), {scenario.requests} requests at {scenario.rate_rps}/s, "
+        f"{WORKERS} workers; cache pressure {working_set / KV_TOKENS:.2f}× one worker, "
+        f"{working_set / (WORKERS * KV_TOKENS):.2f}× the cluster"
     )
     print(
         f"{'mode':<12} {'TTFT p50':>10} {'TTFT p99':>10} {'hit rate':>9} {'req/s':>7} {'errors':>6}  gateway"
