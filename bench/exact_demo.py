@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -73,6 +74,42 @@ def gateway_metrics(metrics_url: str) -> dict[str, float]:
         if name.startswith(("kvgate_tokenize", "kvgate_prefix_fallbacks", "kvgate_routing_decisions")):
             key = name + ("{kind=hit}" if 'kind="hit"' in line else "")
             out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        elif name == "kvgate_hot_path_cpu_seconds_sum":  # the loop's CPU per stage, in ms per request
+            stage = line.split('stage="', 1)[1].split('"', 1)[0]
+            out[f"cpu_ms{{{stage}}}"] = out.get(f"cpu_ms{{{stage}}}", 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def worker_ttft(worker_urls: list[str]) -> tuple[float, float]:
+    """Sum and count of the workers' own vllm:time_to_first_token_seconds (from the request's arrival
+    at the worker, its own tokenization excluded)."""
+    total = count = 0.0
+    for url in worker_urls:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        for line in text.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name == "vllm:time_to_first_token_seconds_sum":
+                total += float(line.rsplit(" ", 1)[1])
+            elif name == "vllm:time_to_first_token_seconds_count":
+                count += float(line.rsplit(" ", 1)[1])
+    return total, count
+
+
+def cpu_seconds(stack: Stack) -> dict[str, float]:
+    """CPU seconds (user + system, /proc) so far of the stack's live processes, by role: gateway, agent,
+    worker, redis. Empty where /proc is not there."""
+    pids = [(p.name.split("-", 1)[0], p.proc.pid) for p in stack.processes if p.proc.poll() is None]
+    if stack.redis is not None and stack.redis.pid is not None:
+        pids.append(("redis", stack.redis.pid))
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[str, float] = {}
+    for role, pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime, stime
     return out
 
 
@@ -104,12 +141,23 @@ def run(
     wait_routable(gateway, WORKERS)
     reset_caches(stack.worker_urls)
     hits0, queries0 = prefix_cache_counters(stack.worker_urls)
+    ttft0 = worker_ttft(stack.worker_urls)
+    cpu0 = cpu_seconds(stack)
     started = time.perf_counter()
     requests = scenario.build()
     results = asyncio.run(run_open_loop(gateway, requests))
     wall_s = time.perf_counter() - started
     hits1, queries1 = prefix_cache_counters(stack.worker_urls)
+    ttft1 = worker_ttft(stack.worker_urls)
+    cpu1 = cpu_seconds(stack)
     extra = gateway_metrics(stack.metrics_urls[gateway])
+    for key in [k for k in extra if k.startswith("cpu_ms")]:
+        extra[key] = round(extra[key] * 1000 / len(requests), 3)
+    for role, used in cpu1.items():  # CPU the run cost each kind of process (ms per request)
+        extra[f"proc_cpu_ms{{{role}}}"] = round((used - cpu0.get(role, 0.0)) * 1000 / len(requests), 2)
+    ttfts = [r.ttft_s for r in results if r.ok and r.ttft_s is not None]
+    extra["client_ttft_mean_ms"] = round(sum(ttfts) * 1000 / max(1, len(ttfts)), 2)
+    extra["worker_ttft_mean_ms"] = round((ttft1[0] - ttft0[0]) * 1000 / max(1.0, ttft1[1] - ttft0[1]), 2)
     # spread: distinct (system prompt, worker) pairs the requests used (12 = each tenant on one worker)
     extra["placements"] = len(
         {(json.dumps(q.body["messages"][0]), r.worker) for q, r in zip(requests, results, strict=True)}  # type: ignore[index]
