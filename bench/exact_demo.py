@@ -10,8 +10,10 @@ Approximate run: agents without KV events, gateway in approximate mode. Exact ru
 with `--kv-events`, a new gateway with `prefix_mode = "exact"`. `--order` sets which runs first
 (default approximate); worker caches are reset before each run. `--decision-log DIR` keeps each
 mode's decision records (DIR/decisions-MODE.jsonl) for a request-by-request comparison.
-Prints TTFT p50/p99, the workers' own prefix-cache hit rate, and the exact run's /tokenize cost and
-fallbacks (from the gateway's /metrics).
+`--order` may add `approximate+events`: the approximate gateway with agents following the KV events
+(what the event pipeline costs without exact routing). Prints TTFT p50/p99, the workers' own
+prefix-cache hit rate, the exact run's /tokenize cost and fallbacks (from the gateway's /metrics), the
+workers' own mean TTFT, the gateway's hot-path CPU per stage and the CPU of each kind of process.
 
     python -m bench.exact_demo [--requests 240] [--rate 8] [--order exact,approximate] [--decision-log DIR]
 """
@@ -114,6 +116,9 @@ def cpu_seconds(stack: Stack) -> dict[str, float]:
 
 
 KV_TOKENS = NUM_GPU_BLOCKS * 16  # one worker's KV (16-token blocks)
+# approximate+events: the approximate gateway beside agents that follow the KV events (what the events
+# alone cost, without exact routing)
+MODES = ("approximate", "exact", "approximate+events")
 
 
 def token_counter(tokenizer: Path | None) -> Callable[[str], int]:
@@ -136,7 +141,10 @@ def run(
     config = work_dir / f"gateway-{mode}.toml"
     local = f'tokenizer = "{tokenizer}"\n' if tokenizer is not None and mode == "exact" else ""
     log = f'\n[decision_log]\nfile = "{decision_log / f"decisions-{mode}.jsonl"}"\n' if decision_log else ""
-    config.write_text(f'[routing]\nprefix_mode = "{mode}"\n\n[models."{scenario.model}"]\n{local}{log}')
+    prefix_mode = "exact" if mode == "exact" else "approximate"
+    config.write_text(
+        f'[routing]\nprefix_mode = "{prefix_mode}"\n\n[models."{scenario.model}"]\n{local}{log}'
+    )
     gateway = stack.start_gateway(mode, config=config)
     wait_routable(gateway, WORKERS)
     reset_caches(stack.worker_urls)
@@ -184,8 +192,8 @@ def main(argv: list[str]) -> int:
         "--decision-log", type=Path, help="write each mode's decision records to DIR/decisions-MODE.jsonl"
     )
     args = parser.parse_args(argv)
-    if any(m not in ("approximate", "exact") for m in args.order.split(",")):
-        parser.error(f"--order: modes are approximate and exact, not {args.order!r}")
+    if any(m not in MODES for m in args.order.split(",")):
+        parser.error(f"--order: modes are {', '.join(MODES)}, not {args.order!r}")
     if args.decision_log:
         args.decision_log.mkdir(parents=True, exist_ok=True)
     runs = []
@@ -209,7 +217,7 @@ def main(argv: list[str]) -> int:
         for mode in args.order.split(","):
             for i, url in enumerate(stack.worker_urls):  # agents again: following the KV events in exact mode
                 stack.stop_process(f"agent-w{i}")
-                kv = ["--kv-events", endpoints[f"w{i}"]] if mode == "exact" else []
+                kv = ["--kv-events", endpoints[f"w{i}"]] if mode != "approximate" else []
                 stack.start_agent(f"w{i}", url, model=scenario.model, extra=kv)
             print(f"{mode} run ...", file=sys.stderr)
             local = tokenizer if mode == "exact" else None
