@@ -159,6 +159,8 @@ class Release:
             hit_blocks=route.view.prefix_hits.get(route.worker.id, 0),
             index_match=route.index_kind,  # exact | speculative | approximate | none (policy/index.py)
             capacity_tokens=route.worker.capacity_tokens,
+            prefix_rate=round(route.view.prefix_rate, 4),  # req/s of the sticky key (hot prefixes replicate)
+            sticky_worker=route.view.sticky_worker,
         )
         record.update(state.held.record() if state.held is not None else NOT_HELD)
         if state.session is not None:
