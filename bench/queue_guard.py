@@ -1,7 +1,8 @@
 """The engine-queue guard in the simulator: where the time goes at overload, and what each budget buys.
 
     python -m bench.queue_guard [--workloads tenants,mooncake,weka] [--loads 0.8,2] [--budgets 0,0.5,1,2,4]
-        [--requests 300] [--workers 4] [--num-gpu-blocks 2500] [--slo-ttft 2] [--json PATH]
+        [--policies kvgate] [--requests 300] [--workers 4] [--num-gpu-blocks 2500] [--slo-ttft 2]
+        [--json PATH]
 
 Each workload is built exactly as `kvgate bench live` builds it (bench/live_workloads.py, the same seed,
 output cap and engine profile with the same KV pool), scaled to each load, and replayed with the kvgate
@@ -31,11 +32,12 @@ from bench.stats import percentile
 
 
 def run_one(
-    requests: Sequence[object], profile_path: Path, workers: int, budget_s: float, slo_s: float
-) -> dict[str, float]:
+    requests: Sequence[object], profile_path: Path, workers: int, budget_s: float, slo_s: float,
+    policy: str = "kvgate",
+) -> dict[str, float]:  # fmt: skip
     profile = load_profile(profile_path)
     gate = QueueGuardGate(profile, budget_s)
-    router = GatedRouter(make_router("kvgate", 1), gate)
+    router = GatedRouter(make_router(policy, 1), gate)
     result = simulate(requests, router, profile, workers, gate=gate)  # type: ignore[arg-type]
     served = [r for r in result.records if r.first_token_s is not None and r.finish_s is not None]
     ttft = sorted(r.first_token_s - r.arrival_s for r in served)  # type: ignore[operator]
@@ -61,6 +63,7 @@ def run_one(
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.queue_guard", description=__doc__.split("\n")[0])
     p.add_argument("--workloads", default="tenants,mooncake,weka")
+    p.add_argument("--policies", default="kvgate", help="routing policies (bench/sim/registry.py names)")
     p.add_argument("--loads", default="0.8,2")
     p.add_argument("--budgets", default="0,0.5,1,2,4", help="max_queue in seconds; 0 = no gate")
     p.add_argument("--requests", type=int, default=300)
@@ -77,19 +80,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile_path = write_profile(load_profile(args.profile), args.num_gpu_blocks, args.out / "profile.toml")
     profile = load_profile(profile_path)
     rows = []
-    head = ("workload", "load", "budget s", "TTFT p50", "p99", "gate p50", "engine p50", "p99", "refused",
-            "req/s", f"good@{args.slo_ttft:g}s")  # fmt: skip
+    head = ("policy", "workload", "load", "budget s", "TTFT p50", "p99", "gate p50", "engine p50", "p99",
+            "refused", "req/s", f"good@{args.slo_ttft:g}s")  # fmt: skip
     print(" ".join(f"{h:>10}" for h in head))
     for workload in [w for w in args.workloads.split(",") if w]:
         base = cap_output(build(workload, args.seed, args.requests), args.max_output)
         for load in [float(x) for x in args.loads.split(",") if x]:
             requests = at_load(base, profile, args.workers, load)
-            for budget in [float(x) for x in args.budgets.split(",") if x]:
-                row = {"workload": workload, "load": load} | run_one(
-                    requests, profile_path, args.workers, budget, args.slo_ttft
-                )
+            for policy, budget in [
+                (p, float(x)) for p in args.policies.split(",") if p for x in args.budgets.split(",") if x
+            ]:
+                row: dict[str, object] = {"policy": policy, "workload": workload, "load": load}
+                row |= run_one(requests, profile_path, args.workers, budget, args.slo_ttft, policy)
                 rows.append(row)
-                cells = (workload, f"{load:g}", f"{budget:g}",
+                cells = (policy, workload, f"{load:g}", f"{budget:g}",
                          f"{row['ttft_p50']:.3f}", f"{row['ttft_p99']:.3f}",
                          f"{row['gate_p50']:.3f}", f"{row['engine_p50']:.3f}", f"{row['engine_p99']:.3f}",
                          f"{row['refused']:.0f}/{row['requests']:.0f}", f"{row['throughput_rps']:.2f}",
