@@ -33,10 +33,10 @@ from bench.sim.profiles import EngineProfile, prefill_time_s
 from bench.sim.types import ClusterView, Router, SimRequest
 from policy.admission import (
     DEFAULT_AGING_MS,
-    DEFAULT_MAX_QUEUE_MS,
     DEFAULT_MAX_SEATS,
     DEFAULT_SHARES,
     DEFAULT_TOKENS_PER_SEAT,
+    MEASURED_MAX_QUEUE_MS,
     AdmissionHooks,
     AdmissionState,
     AdmitCode,
@@ -177,13 +177,14 @@ class GieFlowGate(BaseGate):
 class QueueGuardGate(BaseGate):
     """`kvgate_guard`: what the gateway runs by default when no quota applies (no `total`, workers of
     unknown `max_concurrency`, as in `kvgate bench live`): no seats and no queue, only the engine-queue
-    guard at the door, `policy.admission.queue_too_deep` with `[admission] max_queue_ms`'s default. The
+    guard at the door, `policy.admission.queue_too_deep`, with the budget it was measured at (1 s; the
+    gateway's `[admission] max_queue_ms` is off unless set). The
     predicted wait is the best worker's pending prefill at one chunk per step (`best_worker_wait`); the
     gateway's is its routing choice's (`queue-wait`, the kvgate policy's TTFT model and lateness)."""
 
     name = "kvgate_guard"
 
-    def __init__(self, profile: EngineProfile, max_queue_s: float = DEFAULT_MAX_QUEUE_MS / 1000) -> None:
+    def __init__(self, profile: EngineProfile, max_queue_s: float = MEASURED_MAX_QUEUE_MS / 1000) -> None:
         super().__init__()
         self.profile = profile
         self.max_queue_s = max_queue_s
