@@ -178,10 +178,11 @@ def run_one(
     work_dir: Path,
     peers_dir: Path,
     tokenizer: Path | None = None,
+    kvgate_config: Path | None = None,
 ) -> tuple[list[LiveResult], float]:
     """One router's run; with `tokenizer` (a local tokenizer directory) the client is aiperf."""
     reset_caches(fleet.urls)
-    running = starter(router)(fleet, work_dir, peers_dir)
+    running = starter(router, kvgate_config)(fleet, work_dir, peers_dir)
     try:
         if tokenizer is not None:
             return run_aiperf(
@@ -259,6 +260,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     p.add_argument("--no-plots", action="store_true")
     p.add_argument(
+        "--kvgate-config",
+        type=Path,
+        help="kvgate's gateways run with this config (default: none, the defaults)",
+    )
+    p.add_argument(
         "--client", choices=("loadgen", "aiperf"), default="loadgen",
         help="loadgen: the project's open-loop client; aiperf: aiperf 0.13 fixed-schedule replay (own venv)",
     )  # fmt: skip
@@ -325,8 +331,9 @@ def run(args: argparse.Namespace) -> int:
                         print(f"{workload} load {load:g} pass {pass_}: {LABELS[router]} ...", file=sys.stderr)
                         try:
                             results, wall = run_one(
-                                router, fleet, requests, out / "logs" / router, args.peers_dir, tokenizer
-                            )
+                                router, fleet, requests, out / "logs" / router, args.peers_dir, tokenizer,
+                                args.kvgate_config,
+                            )  # fmt: skip
                         except (PeerUnavailable, StackError, subprocess.CalledProcessError) as e:
                             skipped[router] = str(e)
                             print(f"  skipped {router}: {e}", file=sys.stderr)

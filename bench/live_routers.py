@@ -114,13 +114,15 @@ def _peer_bin(router: str, peers_dir: Path, binary: str) -> str:
     return str(path)
 
 
-def start_kvgate(fleet: Fleet, log_dir: Path, peers_dir: Path, gateways: int = 1) -> RunningRouter:
+def start_kvgate(
+    fleet: Fleet, log_dir: Path, peers_dir: Path, gateways: int = 1, config: Path | None = None
+) -> RunningRouter:
     stack = Stack(log_dir=log_dir)
     try:
         stack.start_redis()
         for i, url in enumerate(fleet.urls):
             stack.start_agent(f"w{i}", url, model=fleet.model)
-        urls = [stack.start_gateway(f"g{g}") for g in range(gateways)]
+        urls = [stack.start_gateway(f"g{g}", config=config) for g in range(gateways)]
         _wait_registered(stack.metrics_urls[urls[0]], fleet.model, len(fleet.urls))
     except BaseException:
         stack.close()
@@ -226,11 +228,12 @@ def _post_json(url: str, body: object) -> None:
         resp.read()
 
 
-def starter(router: str) -> Starter:
+def starter(router: str, kvgate_config: Path | None = None) -> Starter:
+    """How to start `router`; kvgate's gateways with `kvgate_config` (None: the default config)."""
     if router == "kvgate":
-        return start_kvgate
+        return lambda fleet, logs, peers: start_kvgate(fleet, logs, peers, config=kvgate_config)
     if router == "kvgate_x2":
-        return lambda fleet, logs, peers: start_kvgate(fleet, logs, peers, gateways=2)
+        return lambda fleet, logs, peers: start_kvgate(fleet, logs, peers, gateways=2, config=kvgate_config)
     if router == "round_robin":
         return start_round_robin
     if router in ("smg", "sglang", "vllm_router"):

@@ -28,8 +28,10 @@ class StackError(RuntimeError):
 
 
 def kvgate_command(*args: str) -> list[str]:
-    """`kvgate ARGS` with this interpreter, so it works inside any virtualenv without PATH."""
-    return [sys.executable, "-m", "plugin.cli", *args]
+    """`kvgate ARGS` with this interpreter, so it works inside any virtualenv without PATH. `-P`: the
+    working directory is not put on sys.path, so a run started inside another checkout still runs this
+    interpreter's kvgate, not that checkout's packages."""
+    return [sys.executable, "-P", "-m", "plugin.cli", *args]
 
 
 def wait_http_ok(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:

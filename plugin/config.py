@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from policy.ab import SPLIT_KEYS
-from policy.admission import DEFAULT_MAX_SEATS, DEFAULT_TOKENS_PER_SEAT, seat_count
+from policy.admission import DEFAULT_MAX_QUEUE_MS, DEFAULT_MAX_SEATS, DEFAULT_TOKENS_PER_SEAT, seat_count
 from policy.config import POLICIES, RoutingConfig, load_routing_config
 from policy.config import ConfigError as PolicyConfigError
 from policy.types import Band
@@ -152,12 +152,18 @@ class AdmissionSection:
     # sustained pressure: once the high/normal queues have had waiters this long, new low-priority
     # requests get 429 `shed` at once (policy/pressure.py); 0 = never shed
     shed_low_after_ms: int = 5_000
+    # the engine-queue guard at the door: a request below high priority is refused (429 `queue_too_deep`,
+    # Retry-After) when the chosen worker's predicted wait before its own prefill (prompts queued ahead
+    # of it, or the lateness that queue already shows) exceeds this; 0 = off, the default (docs/ADMISSION.md;
+    # 1000 is the measured setting)
+    max_queue_ms: int = DEFAULT_MAX_QUEUE_MS
 
     def __post_init__(self) -> None:
         _at_least("admission.max_wait_ms", self.max_wait_ms, 0)
         _at_least("admission.audit_every_ms", self.audit_every_ms, 0)
         _at_least("admission.drift_warn", self.drift_warn, 1)
         _at_least("admission.shed_low_after_ms", self.shed_low_after_ms, 0)
+        _at_least("admission.max_queue_ms", self.max_queue_ms, 0)
         _check_shares("admission.band_shares", self.band_shares)
         _at_least("admission.default_total", self.default_total, 0)
         _at_least("admission.lease_ms", self.lease_ms, 100)

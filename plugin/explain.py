@@ -30,6 +30,7 @@ REFUSALS = {
     "queue_full": "the admission queue of its priority band was full",
     "wait_budget": "it waited its whole wait budget in the admission queue without getting a seat",
     "slo_unreachable": "the best worker's predicted time to first token already missed its TTFT SLO",
+    "queue_too_deep": "the best worker's predicted queue was over the gateway's max_queue_ms (overload)",
     "worker_full": "every worker it could use was full",
     "quota_missing": "the model's quota was missing in Redis (a gateway rewrites it shortly)",
     "quota": "the model's quota had no room",

@@ -34,7 +34,16 @@ from dataclasses import dataclass
 from plugin.config import ModelSection
 from plugin.context import GatewayContext
 from plugin.flow import Held, Route, now_s
-from store.slots import AdmissionRejected, Lease, SloUnreachable, Ticket, WaitBudgetExceeded, WorkerFull
+from policy.admission import queue_too_deep
+from store.slots import (
+    AdmissionRejected,
+    Lease,
+    QueueTooDeep,
+    SloUnreachable,
+    Ticket,
+    WaitBudgetExceeded,
+    WorkerFull,
+)
 
 WORKER_RECHECK_S = 0.5  # re-check period while waiting for a worker (places freed by expired leases)
 
@@ -96,6 +105,8 @@ class Placement:
         pool, ticket = self.ctx.pool, self.ticket
         tried: list[str] = []
         first = route = self._plan(tried)
+        if first is not None:
+            self._check_queue(first)
         if first is not None and self.ttft_slo_s is not None:
             self._check_slo(first, self.ttft_slo_s)
             ticket = self.ticket
@@ -119,6 +130,20 @@ class Placement:
             raise WorkerFull(f"every worker tried for {ticket.model} is full", retry_after_s=1, est_wait_s=0)
         self.lease = lease = await pool.acquire(ticket)  # a seat, to hold while waiting for the worker
         return await self._wait_for(lease, first, tried)
+
+    def _check_queue(self, route: Route) -> None:
+        """The engine-queue guard (policy.admission.queue_too_deep): refuse, nothing taken, when the
+        chosen worker's predicted wait is over `[admission] max_queue_ms` (the best choice's: routing
+        already weighs every worker's queue). Policies that predict no wait skip it."""
+        wait = route.decision.scores.get(route.worker.id, {}).get("queue-wait")
+        max_queue_s = self.ctx.config.admission.max_queue_ms / 1000
+        if wait is None or not queue_too_deep(self.ticket.band, wait, max_queue_s):
+            return
+        raise QueueTooDeep(
+            f"predicted queue {wait:.3f} s on the best worker exceeds max_queue_ms {max_queue_s * 1000:g}",
+            retry_after_s=max(1.0, wait - max_queue_s),
+            est_wait_s=wait,
+        )
 
     def _check_slo(self, route: Route, slo_s: float) -> None:
         """SLO-aware early rejection: refuse when the chosen worker's predicted TTFT misses the SLO;

@@ -53,6 +53,11 @@ DEFAULT_AGING_MS = 5000
 DEFAULT_QUEUE_MAX = 1024
 DEFAULT_TOKENS_PER_SEAT = 4096
 DEFAULT_MAX_SEATS = 16
+# the engine-queue guard (queue_too_deep; the gateway's `[admission] max_queue_ms`): off by default. The
+# budget it was measured with: at 2x it raised goodput, but live on a loaded machine it also refused
+# requests at 0.8 load, so it is opt-in (docs/BENCHMARKS.md, the session-8 gate section)
+DEFAULT_MAX_QUEUE_MS = 0
+MEASURED_MAX_QUEUE_MS = 1000
 # default band shares of the model total (default_quota): batch traffic is capped, online may borrow
 DEFAULT_SHARES: Mapping[Band, float] = {Band.HIGH: 0.5, Band.NORMAL: 0.3, Band.LOW: 0.2}
 
@@ -268,6 +273,17 @@ def estimated_wait_s(ahead: int, capacity_seats: int, mean_hold_s: float, defaul
     if mean_hold_s <= 0 or capacity_seats <= 0:
         return default_s * (ahead + 1)
     return (ahead + 1) * mean_hold_s / capacity_seats
+
+
+def queue_too_deep(band: Band, predicted_wait_s: float, max_queue_s: float) -> bool:
+    """The engine-queue guard at the door: refuse a request below HIGH when the chosen worker's
+    predicted wait before its own prefill (the prompts queued ahead of it there, or the lateness that
+    queue already shows, whichever is longer) exceeds `max_queue_s`; `max_queue_s <= 0` turns it off.
+    The request would only start late and lengthen the queue for everyone behind it; refused at once,
+    it can retry (Retry-After) or go elsewhere. HIGH is never refused by it: with the bands below held
+    back, the engines' queues stay short for high traffic (the simulator's prefill budget does the
+    same with a global count, docs/ADMISSION.md "Overload settings")."""
+    return max_queue_s > 0 and band < Band.HIGH and predicted_wait_s > max_queue_s
 
 
 def default_quota(

@@ -124,6 +124,8 @@ class KvgatePolicy:
             scores[w.id] = {
                 "prefix-match": hit / prompt,
                 "predicted-ttft": ttft_s,
+                # the wait before its own prefill, at least the lateness the queue shows (the door's guard)
+                "queue-wait": self.ttft.model.wait_s(w, late=True),
                 "miss-work": miss_s,
                 "cold-start": cold[w.id],
                 "cost": costs[w.id],

@@ -96,6 +96,13 @@ class SloUnreachable(AdmissionRejected):
     reason = "slo_unreachable"
 
 
+class QueueTooDeep(AdmissionRejected):
+    """The engine-queue guard (policy.admission.queue_too_deep): the chosen worker's predicted queue
+    is longer than `[admission] max_queue_ms`; refused at the door, nothing taken."""
+
+    reason = "queue_too_deep"
+
+
 class QuotaMissing(AdmissionRejected):
     """The model has no quota hash in Redis (restarted, or the key was deleted): refused, never admitted
     without limits, until a gateway writes the configured quota again."""

@@ -9,6 +9,8 @@ the runner marks them rejected). Stable names:
   gie_shed       GIE/llm-d legacy admission: priority < 0 (Band.LOW) rejected while saturation >= 1.
   gie_flow       GIE/llm-d flow control: strict priority bands, FCFS, dispatch while saturation < 1.
   probabilistic  llm-d probabilistic admitter: Band.LOW rejected with p = min(1, 300 * sat^5).
+  kvgate_guard   the gateway's default without a quota: only the engine-queue guard at the door
+                 (policy/admission.py queue_too_deep, `[admission] max_queue_ms`).
   kvgate         policy/admission.py's AdmissionState, the Lua scripts' twin (quotas in seats, borrowing,
                  fair queues, aging, limits), plus the simulator's hooks (docs/ADMISSION.md, "Hooks").
   kvgate_prefill the same plus a prefill budget (PREFILL_BUDGET_PER_WORKER): a SIMULATOR-ONLY hook, the
@@ -34,12 +36,14 @@ from policy.admission import (
     DEFAULT_MAX_SEATS,
     DEFAULT_SHARES,
     DEFAULT_TOKENS_PER_SEAT,
+    MEASURED_MAX_QUEUE_MS,
     AdmissionHooks,
     AdmissionState,
     AdmitCode,
     Quota,
     default_quota,
     queue_limit,
+    queue_too_deep,
     seat_count,
 )
 from policy.pressure import PressureTracker
@@ -170,6 +174,26 @@ class GieFlowGate(BaseGate):
         return sum(len(q) for q in self.queues.values())
 
 
+class QueueGuardGate(BaseGate):
+    """`kvgate_guard`: what the gateway runs by default when no quota applies (no `total`, workers of
+    unknown `max_concurrency`, as in `kvgate bench live`): no seats and no queue, only the engine-queue
+    guard at the door, `policy.admission.queue_too_deep`, with the budget it was measured at (1 s; the
+    gateway's `[admission] max_queue_ms` is off unless set). The
+    predicted wait is the best worker's pending prefill at one chunk per step (`best_worker_wait`); the
+    gateway's is its routing choice's (`queue-wait`, the kvgate policy's TTFT model and lateness)."""
+
+    name = "kvgate_guard"
+
+    def __init__(self, profile: EngineProfile, max_queue_s: float = MEASURED_MAX_QUEUE_MS / 1000) -> None:
+        super().__init__()
+        self.profile = profile
+        self.max_queue_s = max_queue_s
+
+    def admit(self, req: SimRequest, cluster: ClusterView, now_s: float) -> Verdict:
+        wait_s = best_worker_wait(self.profile, req, cluster)[2]
+        return Verdict.REJECT if queue_too_deep(req.band, wait_s, self.max_queue_s) else Verdict.ADMIT
+
+
 @dataclass(frozen=True, slots=True)
 class KvgateConfig:
     """Knobs of the kvgate gate (defaults are what `--admission kvgate` runs). The last four switch the
@@ -216,7 +240,15 @@ def best_worker(profile: EngineProfile, req: SimRequest, cluster: ClusterView) -
     """(uncached prompt tokens, predicted engine TTFT) on the worker where the TTFT is lowest: its
     pending prefill at one chunk per step, then this prompt's uncached part (Mooncake's queue time +
     prefill time)."""
-    best: tuple[int, float] | None = None
+    uncached, ttft, _wait = best_worker_wait(profile, req, cluster)
+    return uncached, ttft
+
+
+def best_worker_wait(
+    profile: EngineProfile, req: SimRequest, cluster: ClusterView
+) -> tuple[int, float, float]:
+    """`best_worker` and, third, that worker's predicted wait before this prompt's own prefill."""
+    best: tuple[int, float, float] | None = None
     blocks = req.block_tokens
     chunk = profile.max_num_batched_tokens
     chunk_s = prefill_time_s(profile, chunk, 0)
@@ -227,8 +259,8 @@ def best_worker(profile: EngineProfile, req: SimRequest, cluster: ClusterView) -
         ahead_s = cluster.pending_prefill_tokens(wid) / chunk * chunk_s
         ttft = ahead_s + prefill_time_s(profile, max(1, uncached), cached)
         if best is None or ttft < best[1]:
-            best = (uncached, ttft)
-    return best or (req.input_tokens, 0.0)
+            best = (uncached, ttft, ahead_s)
+    return best or (req.input_tokens, 0.0, 0.0)
 
 
 class SimHooks(AdmissionHooks):
@@ -447,6 +479,7 @@ GATES: dict[str, GateFactory] = {
         KvgateConfig(prefill_budget_tokens=workers * PREFILL_BUDGET_PER_WORKER),
         name="kvgate_prefill",
     ),
+    "kvgate_guard": lambda profile, workers, seed: QueueGuardGate(profile),
 }
 
 

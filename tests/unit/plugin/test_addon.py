@@ -320,6 +320,43 @@ async def test_ttft_slo_refuses_at_the_door_and_bounds_the_wait(gate: KvGate) ->
     assert feasible.response is None and state_of(feasible).lease is not None  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("max_queue_ms", [200, 0])
+async def test_engine_queue_guard_refuses_below_high_at_the_door(
+    redis: aioredis.Redis, redis_url: str, tmp_path: Path, max_queue_ms: int
+) -> None:
+    config = tmp_path / "kvgate.toml"
+    config.write_text(
+        '[auth]\nenabled = false\n[tenants.gold]\napi_keys = ["k-gold"]\nmax_band = "high"\n'
+        f"[admission]\nmax_queue_ms = {max_queue_ms}\n[decision_log]\nredis_stream = false\n"
+    )
+    await registry.register(
+        redis, WorkerRecord(id="w0", model=MODEL, url="http://10.1.2.3:8000"), 60_000, wall_ms()
+    )
+    await write_quota(redis, MODEL, Quota(total=10, count_seats=False))
+    long_prompt = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "tell me " * 20_000}],
+        "max_tokens": 4,
+    }
+    async with running_gate(config, redis_url) as gate:
+        first = request_flow(long_prompt)  # nothing queued on w0 yet: admitted
+        await run_request(gate, first)
+        assert first.response is None and state_of(first).lease is not None  # type: ignore[union-attr]
+        behind = request_flow(long_prompt)  # w0 now has the first prompt's prefill ahead of it
+        await run_request(gate, behind)
+        high = request_flow(
+            long_prompt, headers={"x-kvgate-priority": "high", "authorization": "Bearer k-gold"}
+        )
+        await run_request(gate, high)
+        assert high.response is None  # the high band is never refused by the guard
+        if max_queue_ms == 0:  # off: queued behind it on the engine, as without the guard
+            assert behind.response is None
+            return
+        assert error_of(behind) == (429, "queue_too_deep")
+        assert behind.response is not None and int(behind.response.headers["retry-after"]) >= 1
+        assert gate.pool is not None and gate.pool.held() == 2  # the refused request took nothing
+
+
 @pytest.mark.parametrize("value", ["0", "-5", "soon"])
 async def test_bad_ttft_slo_is_400(gate: KvGate, value: str) -> None:
     flow = request_flow(headers={"x-kvgate-ttft-slo-ms": value})

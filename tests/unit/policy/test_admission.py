@@ -22,6 +22,7 @@ from policy.admission import (
     fair_tag,
     max_band_wait_ms,
     queue_limit,
+    queue_too_deep,
     seat_count,
     tenant_ok,
 )
@@ -375,3 +376,17 @@ def test_a_waiter_whose_budget_runs_out_is_reported_dropped() -> None:
     state.acquire(0, "a", Band.HIGH, "t", 1, 10_000, 5000)
     assert state.acquire(0, "b", Band.HIGH, "t", 1, 10_000, 100).code is AdmitCode.QUEUED
     assert state.pump(100) == () and ("dropped", "b") in hooks.events and "b" not in state.waiters
+
+
+@pytest.mark.parametrize(
+    ("band", "wait_s", "max_queue_s", "refused"),
+    [
+        (Band.NORMAL, 1.01, 1.0, True),
+        (Band.LOW, 1.01, 1.0, True),
+        (Band.NORMAL, 1.0, 1.0, False),  # at the budget: still sent
+        (Band.HIGH, 60.0, 1.0, False),  # high is never refused by the guard
+        (Band.LOW, 60.0, 0.0, False),  # 0 = off
+    ],
+)
+def test_queue_too_deep(band: Band, wait_s: float, max_queue_s: float, refused: bool) -> None:
+    assert queue_too_deep(band, wait_s, max_queue_s) is refused

@@ -110,7 +110,14 @@ def test_kvgate_decisions(
     assert d.worker == winner
     assert reason in d.reason
     assert set(d.scores) <= {x.id for x in workers}
-    assert set(d.scores[winner]) == {"prefix-match", "predicted-ttft", "miss-work", "cold-start", "cost"}
+    assert set(d.scores[winner]) == {
+        "prefix-match",
+        "predicted-ttft",
+        "queue-wait",
+        "miss-work",
+        "cold-start",
+        "cost",
+    }
 
 
 def test_below_min_gain_is_a_tie_broken_by_seed() -> None:

@@ -18,6 +18,7 @@ from bench.sim.admission import (
     KvgateGate,
     NoGate,
     ProbabilisticGate,
+    QueueGuardGate,
     UnknownAdmission,
     make_gate,
     resolve_admissions,
@@ -254,6 +255,17 @@ def test_kvgate_slo_aware_early_rejection() -> None:
     assert gate.admit(req(3, Band.HIGH, slo=2.0), ONE, 0.0) is Verdict.ADMIT
 
 
+def test_queue_guard_refuses_below_high_when_the_best_worker_has_more_than_the_budget_queued() -> None:
+    gate = QueueGuardGate(PROFILE, max_queue_s=1.0)
+    busy = HandCluster(ONE.scrapes, pending={"w0": 400_000})  # ~10 s of prefill ahead
+    light = HandCluster(ONE.scrapes, pending={"w0": 8_192})  # one chunk (~0.2 s) ahead
+    assert gate.admit(req(1, Band.NORMAL), busy, 0.0) is Verdict.REJECT
+    assert gate.admit(req(2, Band.LOW), busy, 0.0) is Verdict.REJECT
+    assert gate.admit(req(3, Band.HIGH), busy, 0.0) is Verdict.ADMIT  # high is never refused by it
+    assert gate.admit(req(4, Band.NORMAL), light, 0.0) is Verdict.ADMIT
+    assert QueueGuardGate(PROFILE, max_queue_s=0.0).admit(req(5, Band.LOW), busy, 0.0) is Verdict.ADMIT
+
+
 @pytest.mark.parametrize(
     ("pending_tokens", "granted"),
     [
@@ -318,7 +330,15 @@ def test_kvgate_prefill_is_the_default_gate_plus_a_budget_per_worker() -> None:
 
 
 def test_registry_names_are_the_stable_interface() -> None:
-    assert list(GATES) == ["none", "gie_shed", "gie_flow", "probabilistic", "kvgate", "kvgate_prefill"]
+    assert list(GATES) == [
+        "none",
+        "gie_shed",
+        "gie_flow",
+        "probabilistic",
+        "kvgate",
+        "kvgate_prefill",
+        "kvgate_guard",
+    ]
     assert resolve_admissions("all") == list(GATES)
     assert resolve_admissions("kvgate, none,kvgate") == ["kvgate", "none"]
     with pytest.raises(UnknownAdmission, match="known: none"):
