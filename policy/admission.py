@@ -55,7 +55,7 @@ DEFAULT_TOKENS_PER_SEAT = 4096
 DEFAULT_MAX_SEATS = 16
 # the engine-queue guard (queue_too_deep; the gateway's `[admission] max_queue_ms`): off by default. The
 # budget it was measured with: at 2x it raised goodput, but live on a loaded machine it also refused
-# requests at 0.8 load, so it is opt-in (docs/BENCHMARKS.md, the session-8 gate section)
+# requests at 0.8 load, so it is opt-in (docs/BENCHMARKS.md §42)
 DEFAULT_MAX_QUEUE_MS = 0
 MEASURED_MAX_QUEUE_MS = 1000
 # default band shares of the model total (default_quota): batch traffic is capped, online may borrow
