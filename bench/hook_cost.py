@@ -30,6 +30,7 @@ import gc
 import json
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -102,26 +103,41 @@ async def measure(gate: KvGate, args: argparse.Namespace, system: str, rng: rand
     profiler = cProfile.Profile() if args.profile else None
     rounds: list[float] = []
     wall_total = 0.0
-    for r in range(args.rounds):
-        base = 1000 + r * args.requests
+
+    async def next_round() -> None:
+        nonlocal wall_total
+        base = 1000 + len(rounds) * args.requests
         flows = [make_flow(make_body(rng, system, base + i, stream=False)) for i in range(args.requests)]
         responses = [tutils.tresp(content=COMPLETION) for _ in flows]  # built outside the measurement too
         cpu, wall = await measure_round(gate, args, flows, responses, profiler)
         rounds.append(1e6 * cpu / args.requests)
         wall_total += wall
+
+    if args.serve:
+        # driven by bench/hook_cost_ab.py: "ready", then one round per line read ("round"), its figure
+        # printed as a line; end of input ends the run
+        print("ready", flush=True)
+        while (await asyncio.to_thread(sys.stdin.readline)).strip() == "round":
+            await next_round()
+            print(f"{rounds[-1]:.3f}", flush=True)
+    else:
+        for _ in range(args.rounds):
+            await next_round()
     if profiler is not None:
         profiler.dump_stats(args.profile)
+    if not rounds:
+        return
     line = (
         f"{args.requests} requests, concurrency {args.concurrency}: {statistics.fmean(rounds):.0f} µs CPU "
         f"per request (wall {wall_total:.2f} s, releases {gate.releases})"
     )
-    if args.rounds > 1:
+    if len(rounds) > 1:
         med = statistics.median(rounds)
         line += (
-            f"; {args.rounds} rounds: median {med:.0f}, min {min(rounds):.0f}, max {max(rounds):.0f} "
+            f"; {len(rounds)} rounds: median {med:.0f}, min {min(rounds):.0f}, max {max(rounds):.0f} "
             f"(spread {100 * (max(rounds) - min(rounds)) / med:.0f} % of the median)"
         )
-    print(line)
+    print(line, file=sys.stderr if args.serve else sys.stdout)
     if args.json:
         Path(args.json).write_text(
             json.dumps({
@@ -177,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--profile", default="", help="write cProfile stats of the measured part here")
     parser.add_argument("--json", default="", help="write every round's µs CPU per request here")
+    parser.add_argument(
+        "--serve", action="store_true",
+        help="after the warm-up print 'ready', then run one round per 'round' line on stdin and print its "
+        "µs CPU per request (bench/hook_cost_ab.py drives several trees this way, round by round)",
+    )  # fmt: skip
     asyncio.run(run(parser.parse_args(argv)))
     return 0
 

@@ -1,19 +1,27 @@
-"""bench/hook_cost.py against several source trees, interleaved process by process, with paired ratios.
+"""bench/hook_cost.py against several source trees, interleaved round by round, with paired ratios.
 
 Each tree is a checkout with its own `.venv` (e.g. a `git worktree` at an older commit). The one harness
-file, this tree's bench/hook_cost.py, runs in every tree: its `.venv/bin/python` runs the file with the
-tree first on `sys.path`, so the tree's kvgate code (addon, policy, store, bench.overhead's request
-bodies) is measured by the same measurement code. A rotation runs every tree once, in an order that
-reverses every other rotation (A B C, C B A, ...), so a drift of the machine's speed falls on each tree
-alike; each run is `--rounds` rounds of `--requests` in one process, and its figure is the median of its
-rounds (bench/hook_cost.py). Reported per tree: the runs' median, mean, minimum and spread; against the
-first tree: the ratio of the medians and the median of the per-rotation ratios with a distribution-free
-95 % interval (order statistics of the binomial, no assumption about the noise's shape).
+file, this tree's bench/hook_cost.py, runs in every tree: the tree's `.venv/bin/python` runs the file
+with the tree first on `sys.path`, so each tree's kvgate code (addon, policy, store, and bench.overhead's
+request bodies) is measured by the same measurement code.
+
+On a shared machine the CPU time of the same work moves by ±20 % from one second to the next (other
+processes' cache and memory traffic, the host's), far more than a few per cent of code change, and also
+between runs minutes apart. So the trees are not measured one after the other: a batch starts one
+process per tree (`bench.hook_cost --serve`: set up and warmed up, then idle), and then drives rounds
+of `--requests` requests through them in turn, in an order that reverses every round (A B, B A, ...),
+so each tree's round has a neighbour of every other tree's taken within about a second, and a drift of
+the machine's speed falls on each tree alike. A round's figure is its process CPU per request (its
+requests and the drain of their background work: bench/hook_cost.py). Against the first tree each
+round of another tree gives one ratio, to the first tree's round of the same turn; reported: the median
+of those ratios with a distribution-free 95 % interval (order statistics of the binomial, no
+assumption about the noise's shape), and the ratio of the trees' median and 10th-percentile rounds.
+`--batches` restarts the processes (new embedded Redis, new heap) that many times.
 
 Run it under the shared lock, as one job, so the trees see the same machine:
 
     flock /tmp/kvgate-heavy.lock .venv/bin/python -m bench.hook_cost_ab \\
-        --tree base=/work/wt/base-28ef --tree head=. --rotations 20 [--json out.json]
+        --tree base=/work/wt/base-28ef --tree head=. [--batches 6 --rounds 20 --requests 300] [--json out.json]
 
 The same tree named twice (`--tree a=. --tree b=.`) measures the method's own spread.
 """
@@ -27,9 +35,11 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import IO
+
+from bench.stats import percentile
 
 HARNESS = Path(__file__).with_name("hook_cost.py")
 RUNNER = (
@@ -38,17 +48,53 @@ RUNNER = (
 )
 
 
-def run_once(tree: Path, args: argparse.Namespace, out: Path) -> dict[str, object]:
-    python = tree / ".venv" / "bin" / "python"
+def start(tree: Path, args: argparse.Namespace) -> subprocess.Popen[str]:
     cmd = [
-        str(python), "-c", RUNNER, str(tree), str(HARNESS),
-        "--requests", str(args.requests), "--rounds", str(args.rounds), "--concurrency", str(args.concurrency),
-        "--gc", args.gc, "--json", str(out),
+        str(tree / ".venv" / "bin" / "python"), "-c", RUNNER, str(tree), str(HARNESS), "--serve",
+        "--requests", str(args.requests), "--concurrency", str(args.concurrency), "--gc", args.gc,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONHASHSEED": "0"}
-    subprocess.run(cmd, cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
-    result: dict[str, object] = json.loads(out.read_text())
-    return result
+    return subprocess.Popen(
+        cmd, cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True, bufsize=1,
+    )  # fmt: skip
+
+
+def read_line(proc: subprocess.Popen[str]) -> str:
+    out: IO[str] | None = proc.stdout
+    assert out is not None
+    line = out.readline()
+    if not line:
+        raise RuntimeError(f"harness exited early (code {proc.wait()}): {proc.args!r}")
+    return line.strip()
+
+
+def one_round(proc: subprocess.Popen[str]) -> float:
+    assert proc.stdin is not None
+    proc.stdin.write("round\n")
+    proc.stdin.flush()
+    return float(read_line(proc))
+
+
+def batch(trees: list[tuple[str, Path]], args: argparse.Namespace) -> dict[str, list[float]]:
+    """One process per tree, `args.rounds` rounds each, the trees' turns alternating in order."""
+    procs = {name: start(tree, args) for name, tree in trees}
+    try:
+        for proc in procs.values():
+            if (line := read_line(proc)) != "ready":
+                raise RuntimeError(f"harness said {line!r}, not 'ready'")
+        out: dict[str, list[float]] = {name: [] for name, _ in trees}
+        for r in range(args.rounds):
+            for name, _ in trees if r % 2 == 0 else trees[::-1]:
+                out[name].append(one_round(procs[name]))
+        return out
+    finally:
+        for proc in procs.values():
+            if proc.stdin is not None:
+                proc.stdin.close()
+        for proc in procs.values():
+            if proc.wait(timeout=60) != 0:
+                raise RuntimeError(f"harness failed (code {proc.returncode}): {proc.args!r}")
 
 
 def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
@@ -67,17 +113,66 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
     return ordered[k - 1], ordered[n - k]
 
 
+def summarize(names: list[str], rounds: dict[str, list[float]], batches: dict[str, list[float]]) -> dict[str, object]:
+    """Per tree: its rounds' median, mean, p10, spread; its batches' medians; against the first tree the
+    paired ratios (round by round) and the ratios of the medians and of the 10th percentiles."""
+    ref = names[0]
+    trees: dict[str, object] = {}
+    for n in names:
+        v = sorted(rounds[n])
+        med = statistics.median(v)
+        entry: dict[str, object] = {
+            "rounds": len(v), "median": med, "mean": statistics.fmean(v), "p10": percentile(v, 10),
+            "p90": percentile(v, 90), "min": v[0], "max": v[-1],
+            "p10_p90_spread_pct": 100 * (percentile(v, 90) - percentile(v, 10)) / med,
+            "batch_medians": batches[n],
+        }  # fmt: skip
+        if n != ref:
+            ratios = [b / a for a, b in zip(rounds[ref], rounds[n], strict=True)]
+            lo, hi = median_interval(ratios)
+            entry.update(
+                paired_ratio_median=statistics.median(ratios), paired_ratio_ci95=[lo, hi],
+                ratio_of_medians=med / statistics.median(rounds[ref]),
+                ratio_of_p10=percentile(v, 10) / percentile(sorted(rounds[ref]), 10),
+                ratio_of_means=statistics.fmean(v) / statistics.fmean(rounds[ref]),
+            )  # fmt: skip
+        trees[n] = entry
+    return {"trees": trees}
+
+
+def render(names: list[str], summary: dict[str, object]) -> str:
+    trees = summary["trees"]
+    assert isinstance(trees, dict)
+    lines = [
+        f"{'tree':<10} {'rounds':>6} {'median':>7} {'mean':>7} {'p10':>7} {'p90':>7}  (µs CPU/request)   "
+        f"against {names[0]}: paired ratio median [95 % interval], ratio of medians, of p10s"
+    ]
+    for n in names:
+        e = trees[n]
+        line = f"{n:<10} {e['rounds']:6d} {e['median']:7.0f} {e['mean']:7.0f} {e['p10']:7.0f} {e['p90']:7.0f}"
+        if "paired_ratio_median" in e:
+            lo, hi = e["paired_ratio_ci95"]
+            line += (
+                f"   {e['paired_ratio_median']:.3f} [{lo:.3f}, {hi:.3f}], {e['ratio_of_medians']:.3f}, "
+                f"{e['ratio_of_p10']:.3f}"
+            )
+        lines.append(line)
+    lines += [f"  {n} batch medians: " + ", ".join(f"{x:.0f}" for x in trees[n]["batch_medians"]) for n in names]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.hook_cost_ab", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.hook_cost_ab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tree", action="append", required=True, metavar="NAME=PATH",
-                        help="a tree to measure (its own .venv); the first is the reference")  # fmt: skip
-    parser.add_argument("--rotations", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=5, help="rounds per run (bench.hook_cost --rounds)")
-    parser.add_argument("--requests", type=int, default=500, help="requests per round")
+                        help="a tree to measure (with its own .venv); the first is the reference")  # fmt: skip
+    parser.add_argument("--batches", type=int, default=6, help="process sets started, one after the other")
+    parser.add_argument("--rounds", type=int, default=20, help="rounds per tree in each batch")
+    parser.add_argument("--requests", type=int, default=300, help="requests per round")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--gc", choices=("freeze", "on", "off"), default="freeze")
-    parser.add_argument("--json", type=Path, help="write every run's rounds and the summary here")
+    parser.add_argument("--json", type=Path, help="write every round and the summary here")
     args = parser.parse_args(argv)
     trees: list[tuple[str, Path]] = []
     for spec in args.tree:
@@ -88,74 +183,22 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n, _ in trees]
     if len(set(names)) != len(names):
         parser.error("tree names must differ")
-    runs: dict[str, list[float]] = {n: [] for n in names}
-    raw: dict[str, list[dict[str, object]]] = {n: [] for n in names}
-    load_before = os.getloadavg()[0]
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="hook-cost-ab-") as tmp:
-        for rotation in range(args.rotations):
-            order = trees if rotation % 2 == 0 else trees[::-1]
-            for name, tree in order:
-                result = run_once(tree, args, Path(tmp) / f"{name}.json")
-                figure = float(result["median"])  # type: ignore[arg-type]
-                runs[name].append(figure)
-                raw[name].append(result)
-            print(f"rotation {rotation + 1}: " + ", ".join(f"{n} {runs[n][-1]:.0f}" for n in names), flush=True)
-    summary = summarize(names, runs)
-    summary["load_average"] = [load_before, os.getloadavg()[0]]
-    summary["seconds"] = time.monotonic() - started
-    print(render(names, runs, summary))
+    rounds: dict[str, list[float]] = {n: [] for n in names}
+    batch_medians: dict[str, list[float]] = {n: [] for n in names}
+    load_before, started = os.getloadavg()[0], time.monotonic()
+    for b in range(args.batches):
+        got = batch(trees if b % 2 == 0 else trees[::-1], args)  # who starts first alternates too
+        for n in names:
+            rounds[n] += got[n]
+            batch_medians[n].append(statistics.median(got[n]))
+        print(f"batch {b + 1}: " + ", ".join(f"{n} {batch_medians[n][-1]:.0f}" for n in names), flush=True)
+    summary = summarize(names, rounds, batch_medians)
+    summary.update(load_average=[load_before, os.getloadavg()[0]], seconds=time.monotonic() - started)
+    print(render(names, summary))
+    print(f"load average {load_before:.2f} -> {os.getloadavg()[0]:.2f}, {summary['seconds']:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps({"args": {**vars(args), "json": str(args.json)}, "runs": raw, **summary}))
+        args.json.write_text(json.dumps({"args": {**vars(args), "json": str(args.json)}, "rounds": rounds, **summary}))
     return 0
-
-
-def summarize(names: list[str], runs: dict[str, list[float]]) -> dict[str, object]:
-    ref = names[0]
-    out: dict[str, object] = {"trees": {}}
-    trees: dict[str, object] = {}
-    for n in names:
-        v = runs[n]
-        med = statistics.median(v)
-        entry: dict[str, object] = {
-            "median": med, "mean": statistics.fmean(v), "min": min(v), "max": max(v),
-            "spread_pct": 100 * (max(v) - min(v)) / med,
-            "stdev_pct": 100 * statistics.stdev(v) / statistics.fmean(v) if len(v) > 1 else math.nan,
-        }  # fmt: skip
-        if n != ref:
-            ratios = [b / a for a, b in zip(runs[ref], v, strict=True)]
-            lo, hi = median_interval(ratios)
-            entry.update(
-                ratio_of_medians=med / statistics.median(runs[ref]),
-                ratio_of_means=statistics.fmean(v) / statistics.fmean(runs[ref]),
-                paired_ratio_median=statistics.median(ratios), paired_ratio_ci95=[lo, hi],
-            )  # fmt: skip
-        trees[n] = entry
-    out["trees"] = trees
-    return out
-
-
-def render(names: list[str], runs: dict[str, list[float]], summary: dict[str, object]) -> str:
-    trees = summary["trees"]
-    assert isinstance(trees, dict)
-    lines = [f"{'tree':<10} {'median':>7} {'mean':>7} {'min':>7} {'max':>7} {'spread':>7} {'sd':>6}   against "
-             f"{names[0]}: median ratio, mean ratio, paired ratio median [95 % interval]"]  # fmt: skip
-    for n in names:
-        e = trees[n]
-        line = (
-            f"{n:<10} {e['median']:7.0f} {e['mean']:7.0f} {e['min']:7.0f} {e['max']:7.0f} "
-            f"{e['spread_pct']:6.0f}% {e['stdev_pct']:5.1f}%"
-        )
-        if "paired_ratio_median" in e:
-            lo, hi = e["paired_ratio_ci95"]
-            line += (
-                f"   {e['ratio_of_medians']:.3f}, {e['ratio_of_means']:.3f}, {e['paired_ratio_median']:.3f} "
-                f"[{lo:.3f}, {hi:.3f}]"
-            )
-        lines.append(line)
-    lines.append("runs (µs CPU/request, each the median of its rounds):")
-    lines += [f"  {n}: " + ", ".join(f"{x:.0f}" for x in runs[n]) for n in names]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
