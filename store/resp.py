@@ -154,6 +154,18 @@ def pack(args: tuple[Any, ...], first: Head | None = None) -> bytes:
 
 
 def _bulk(args: tuple[Any, ...]) -> bytes:
+    """Each argument as a RESP bulk string: bytes as they are, anything else as its `str()` in UTF-8.
+
+    Built as one text and encoded once when that text is ASCII and no argument is bytes (the admission
+    scripts' arguments: ids, names, integers), so a character count is a byte count; otherwise
+    argument by argument (`_bulk_bytes`). The same bytes either way (tests/property/test_resp_pack.py)."""
+    text = "".join([f"${len(a)}\r\n{a}\r\n" for a in map(str, args)])
+    if text.isascii() and bytes not in map(type, args):
+        return text.encode()
+    return _bulk_bytes(args)
+
+
+def _bulk_bytes(args: tuple[Any, ...]) -> bytes:
     encoded = [a if isinstance(a, bytes) else str(a).encode() for a in args]
     return b"".join([b"$%d\r\n%s\r\n" % (len(raw), raw) for raw in encoded])
 

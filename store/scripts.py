@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from cachetools import LRUCache
 from redis.exceptions import NoScriptError
 
 from policy.admission import (
@@ -38,6 +37,7 @@ from store.scripting import LuaScript, load
 
 # one channel for all models; message = JSON list of granted ids, or {"freed": model, "worker": id}
 GRANTED_CHANNEL = f"{PREFIX}:admission:granted"
+HEADS_MAX = 10_000  # packed command heads kept (AdmissionScripts._head)
 
 
 def model_keys(model: str, worker: str | None = None) -> list[str]:
@@ -94,7 +94,9 @@ class AdmissionScripts:
         }
         self._fast = RespChannel.for_client(redis)
         # EVALSHA sha numkeys keys.. per (script, model, worker); bounded for many models or one-off workers
-        self._heads: LRUCache[tuple[str, str, str | None], Head] = LRUCache(maxsize=10_000)
+        # (emptied when full, then refilled by the ones in use: a plain dict, as it is read by every
+        # call, where a cachetools LRUCache costs three Python calls per read, bench.hook_cost)
+        self._heads: dict[tuple[str, str, str | None], Head] = {}
 
     async def aclose(self) -> None:
         """Close the dedicated connection (the redis-py client is the caller's to close)."""
@@ -117,6 +119,8 @@ class AdmissionScripts:
     def _head(self, name: str, model: str, worker: str | None) -> Head:
         first = self._heads.get((name, model, worker))
         if first is None:
+            if len(self._heads) >= HEADS_MAX:
+                self._heads.clear()
             keys_ = _model_keys(model, worker)
             first = self._heads[(name, model, worker)] = head(
                 "EVALSHA", self._scripts[name].sha, len(keys_), *keys_
