@@ -29,6 +29,7 @@ import cProfile
 import gc
 import json
 import random
+import resource
 import statistics
 import sys
 import tempfile
@@ -102,6 +103,7 @@ async def measure(gate: KvGate, args: argparse.Namespace, system: str, rng: rand
     await asyncio.sleep(0.3)  # background writes of the warm-up done
     profiler = cProfile.Profile() if args.profile else None
     rounds: list[float] = []
+    split: list[tuple[float, float]] = []  # (user, system) µs per request of each round (getrusage)
     wall_total = 0.0
 
     async def next_round() -> None:
@@ -109,8 +111,9 @@ async def measure(gate: KvGate, args: argparse.Namespace, system: str, rng: rand
         base = 1000 + len(rounds) * args.requests
         flows = [make_flow(make_body(rng, system, base + i, stream=False)) for i in range(args.requests)]
         responses = [tutils.tresp(content=COMPLETION) for _ in flows]  # built outside the measurement too
-        cpu, wall = await measure_round(gate, args, flows, responses, profiler)
+        cpu, wall, user, kernel = await measure_round(gate, args, flows, responses, profiler)
         rounds.append(1e6 * cpu / args.requests)
+        split.append((1e6 * user / args.requests, 1e6 * kernel / args.requests))
         wall_total += wall
 
     if args.serve:
@@ -119,7 +122,7 @@ async def measure(gate: KvGate, args: argparse.Namespace, system: str, rng: rand
         print("ready", flush=True)
         while (await asyncio.to_thread(sys.stdin.readline)).strip() == "round":
             await next_round()
-            print(f"{rounds[-1]:.3f}", flush=True)
+            print(f"{rounds[-1]:.3f} {split[-1][0]:.3f} {split[-1][1]:.3f}", flush=True)
     else:
         for _ in range(args.rounds):
             await next_round()
@@ -140,11 +143,18 @@ async def measure(gate: KvGate, args: argparse.Namespace, system: str, rng: rand
     print(line, file=sys.stderr if args.serve else sys.stdout)
     if args.json:
         Path(args.json).write_text(
-            json.dumps({
-                "requests": args.requests, "concurrency": args.concurrency, "gc": args.gc,
-                "rounds_us_per_request": rounds, "mean": statistics.fmean(rounds),
-                "median": statistics.median(rounds), "min": min(rounds),
-            })  # fmt: skip
+            json.dumps(
+                {
+                    "requests": args.requests,
+                    "concurrency": args.concurrency,
+                    "gc": args.gc,
+                    "rounds_us_per_request": rounds,
+                    "rounds_user_system": split,
+                    "mean": statistics.fmean(rounds),
+                    "median": statistics.median(rounds),
+                    "min": min(rounds),
+                }
+            )
         )
 
 
@@ -154,15 +164,16 @@ async def measure_round(
     flows: list[http.HTTPFlow],
     responses: list[http.Response],
     profiler: cProfile.Profile | None,
-) -> tuple[float, float]:
-    """Process CPU and wall seconds of one round: its requests, `concurrency` at a time, then 0.25 s for
-    the last releases, records and index writes to go out."""
+) -> tuple[float, float, float, float]:
+    """Process CPU, wall, user and system seconds of one round: its requests, `concurrency` at a time,
+    then 0.25 s for the last releases, records and index writes to go out."""
     if args.gc != "on":
         gc.collect()
         gc.freeze()  # the warm-up's and earlier rounds' objects: not walked by this round's collections
         if args.gc == "off":
             gc.disable()
     try:
+        usage0 = resource.getrusage(resource.RUSAGE_SELF)
         cpu0, wall0 = time.process_time(), time.perf_counter()
         if profiler is not None:
             profiler.enable()
@@ -174,7 +185,9 @@ async def measure_round(
         await asyncio.sleep(0.25)  # let the last releases, records and index writes go out
         if profiler is not None:
             profiler.disable()
-        return time.process_time() - cpu0, time.perf_counter() - wall0
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return cpu, wall, usage.ru_utime - usage0.ru_utime, usage.ru_stime - usage0.ru_stime
     finally:
         if args.gc != "on":
             gc.enable()
@@ -189,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="measurements of --requests each, in turn")
     parser.add_argument(
         "--gc", choices=("freeze", "on", "off"), default="freeze",
-        help="before each round collect and freeze the heap (default), leave the collector alone, or disable it",
+        help="before each round collect and freeze the heap (default), leave the collector alone, "
+        "or disable it",
     )  # fmt: skip
     parser.add_argument("--profile", default="", help="write cProfile stats of the measured part here")
     parser.add_argument("--json", default="", help="write every round's µs CPU per request here")

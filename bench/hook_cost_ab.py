@@ -1,9 +1,11 @@
 """bench/hook_cost.py against several source trees, interleaved round by round, with paired ratios.
 
-Each tree is a checkout with its own `.venv` (e.g. a `git worktree` at an older commit). The one harness
-file, this tree's bench/hook_cost.py, runs in every tree: the tree's `.venv/bin/python` runs the file
-with the tree first on `sys.path`, so each tree's kvgate code (addon, policy, store, and bench.overhead's
-request bodies) is measured by the same measurement code.
+Each tree is a checkout with its own `.venv` (e.g. a `git worktree` at an older commit), or without
+one an export of a commit with the same dependencies as this tree (`git archive COMMIT | tar -x -C DIR`),
+which then runs on this tree's venv. The one harness file, this tree's bench/hook_cost.py (copied when the
+run starts), runs in every tree: the tree's python runs the file with the tree first on `sys.path`, so
+each tree's kvgate code (addon, policy, store, and bench.overhead's request bodies) is measured by the
+same measurement code.
 
 On a shared machine the CPU time of the same work moves by ±20 % from one second to the next (other
 processes' cache and memory traffic, the host's), far more than a few per cent of code change, and also
@@ -21,7 +23,7 @@ assumption about the noise's shape), and the ratio of the trees' median and 10th
 Run it under the shared lock, as one job, so the trees see the same machine:
 
     flock /tmp/kvgate-heavy.lock .venv/bin/python -m bench.hook_cost_ab \\
-        --tree base=/work/wt/base-28ef --tree head=. [--batches 6 --rounds 20 --requests 300] [--json out.json]
+        --tree base=/work/wt/base-28ef --tree head=. [--batches 6 --rounds 20 --requests 300] [--json F]
 
 The same tree named twice (`--tree a=. --tree b=.`) measures the method's own spread.
 """
@@ -32,9 +34,11 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import IO
@@ -48,9 +52,16 @@ RUNNER = (
 )
 
 
-def start(tree: Path, args: argparse.Namespace) -> subprocess.Popen[str]:
+def python_of(tree: Path) -> str:
+    """The tree's own `.venv/bin/python`, else this one (a tree exported without a venv: the tree comes
+    first on `sys.path`, ahead of the editable install's finder, so its code is what runs)."""
+    own = tree / ".venv" / "bin" / "python"
+    return str(own) if own.exists() else sys.executable
+
+
+def start(tree: Path, harness: Path, args: argparse.Namespace) -> subprocess.Popen[str]:
     cmd = [
-        str(tree / ".venv" / "bin" / "python"), "-c", RUNNER, str(tree), str(HARNESS), "--serve",
+        python_of(tree), "-c", RUNNER, str(tree), str(harness), "--serve",
         "--requests", str(args.requests), "--concurrency", str(args.concurrency), "--gc", args.gc,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONHASHSEED": "0"}
@@ -69,21 +80,24 @@ def read_line(proc: subprocess.Popen[str]) -> str:
     return line.strip()
 
 
-def one_round(proc: subprocess.Popen[str]) -> float:
+def one_round(proc: subprocess.Popen[str]) -> list[float]:
+    """(CPU, user, system) µs per request of one round."""
     assert proc.stdin is not None
     proc.stdin.write("round\n")
     proc.stdin.flush()
-    return float(read_line(proc))
+    return [float(x) for x in read_line(proc).split()]
 
 
-def batch(trees: list[tuple[str, Path]], args: argparse.Namespace) -> dict[str, list[float]]:
+def batch(
+    trees: list[tuple[str, Path]], harness: Path, args: argparse.Namespace
+) -> dict[str, list[list[float]]]:
     """One process per tree, `args.rounds` rounds each, the trees' turns alternating in order."""
-    procs = {name: start(tree, args) for name, tree in trees}
+    procs = {name: start(tree, harness, args) for name, tree in trees}
     try:
         for proc in procs.values():
             if (line := read_line(proc)) != "ready":
                 raise RuntimeError(f"harness said {line!r}, not 'ready'")
-        out: dict[str, list[float]] = {name: [] for name, _ in trees}
+        out: dict[str, list[list[float]]] = {name: [] for name, _ in trees}
         for r in range(args.rounds):
             for name, _ in trees if r % 2 == 0 else trees[::-1]:
                 out[name].append(one_round(procs[name]))
@@ -113,7 +127,9 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
     return ordered[k - 1], ordered[n - k]
 
 
-def summarize(names: list[str], rounds: dict[str, list[float]], batches: dict[str, list[float]]) -> dict[str, object]:
+def summarize(
+    names: list[str], rounds: dict[str, list[float]], batches: dict[str, list[float]]
+) -> dict[str, object]:
     """Per tree: its rounds' median, mean, p10, spread; its batches' medians; against the first tree the
     paired ratios (round by round) and the ratios of the medians and of the 10th percentiles."""
     ref = names[0]
@@ -157,16 +173,22 @@ def render(names: list[str], summary: dict[str, object]) -> str:
                 f"{e['ratio_of_p10']:.3f}"
             )
         lines.append(line)
-    lines += [f"  {n} batch medians: " + ", ".join(f"{x:.0f}" for x in trees[n]["batch_medians"]) for n in names]
+    lines += [
+        f"  {n} batch medians: " + ", ".join(f"{x:.0f}" for x in trees[n]["batch_medians"]) for n in names
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.hook_cost_ab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench.hook_cost_ab",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--tree", action="append", required=True, metavar="NAME=PATH",
-                        help="a tree to measure (with its own .venv); the first is the reference")  # fmt: skip
+    parser.add_argument(
+        "--tree", action="append", required=True, metavar="NAME=PATH",
+        help="a tree to measure (its own .venv, else this one's); the first is the reference",
+    )  # fmt: skip
     parser.add_argument("--batches", type=int, default=6, help="process sets started, one after the other")
     parser.add_argument("--rounds", type=int, default=20, help="rounds per tree in each batch")
     parser.add_argument("--requests", type=int, default=300, help="requests per round")
@@ -184,20 +206,36 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(names)) != len(names):
         parser.error("tree names must differ")
     rounds: dict[str, list[float]] = {n: [] for n in names}
+    user_system: dict[str, list[list[float]]] = {n: [] for n in names}  # per round: user, system µs/request
     batch_medians: dict[str, list[float]] = {n: [] for n in names}
     load_before, started = os.getloadavg()[0], time.monotonic()
-    for b in range(args.batches):
-        got = batch(trees if b % 2 == 0 else trees[::-1], args)  # who starts first alternates too
-        for n in names:
-            rounds[n] += got[n]
-            batch_medians[n].append(statistics.median(got[n]))
-        print(f"batch {b + 1}: " + ", ".join(f"{n} {batch_medians[n][-1]:.0f}" for n in names), flush=True)
+    with tempfile.TemporaryDirectory(prefix="hook-cost-ab-") as tmp:
+        harness = Path(tmp) / "hook_cost.py"  # a copy: editing this tree during the run changes nothing
+        shutil.copyfile(HARNESS, harness)
+        for b in range(args.batches):
+            got = batch(trees if b % 2 == 0 else trees[::-1], harness, args)  # who starts first alternates
+            for n in names:
+                rounds[n] += [r[0] for r in got[n]]
+                user_system[n] += [r[1:] for r in got[n]]
+                batch_medians[n].append(statistics.median(r[0] for r in got[n]))
+            print(
+                f"batch {b + 1}: " + ", ".join(f"{n} {batch_medians[n][-1]:.0f}" for n in names), flush=True
+            )
     summary = summarize(names, rounds, batch_medians)
     summary.update(load_average=[load_before, os.getloadavg()[0]], seconds=time.monotonic() - started)
     print(render(names, summary))
     print(f"load average {load_before:.2f} -> {os.getloadavg()[0]:.2f}, {summary['seconds']:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps({"args": {**vars(args), "json": str(args.json)}, "rounds": rounds, **summary}))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "args": {**vars(args), "json": str(args.json)},
+                    "rounds": rounds,
+                    "user_system": user_system,
+                    **summary,
+                }
+            )
+        )
     return 0
 
 
