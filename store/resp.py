@@ -162,6 +162,13 @@ def _parse(buf: bytearray, pos: int) -> Any:
             return None, after
         items = []
         for _ in range(count):
+            if buf.startswith(b":", after):  # an integer item inline (the admission replies' most)
+                end = buf.find(b"\r\n", after)
+                if end < 0:
+                    return _INCOMPLETE
+                items.append(int(buf[after + 1 : end]))
+                after = end + 2
+                continue
             parsed = _parse(buf, after)
             if parsed is _INCOMPLETE:
                 return _INCOMPLETE

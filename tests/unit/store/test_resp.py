@@ -22,6 +22,11 @@ PARSE_CASES = [
     pytest.param(b"*0\r\n", [], id="empty-array"),
     pytest.param(b"*-1\r\n", None, id="nil-array"),
     pytest.param(b"*3\r\n:1\r\n$2\r\nab\r\n*1\r\n:7\r\n", [1, b"ab", [7]], id="nested-array"),
+    pytest.param(
+        b"*7\r\n:0\r\n:-1\r\n:0\r\n:0\r\n:100000\r\n:1764755000123\r\n*1\r\n$2\r\nr1\r\n",
+        [0, -1, 0, 0, 100000, 1764755000123, [b"r1"]],
+        id="acquire-reply",
+    ),
 ]
 
 
