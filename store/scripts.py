@@ -72,6 +72,12 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+# acquire.lua's code -> AdmitCode by a dict read (calling the enum is two Python-level calls, per
+# acquire); every code is non-zero, so a miss (`or`) falls back to the enum call and its ValueError
+_ADMIT_CODES = {code.value: code for code in AdmitCode}
+assert all(_ADMIT_CODES)
+
+
 def _ids(values: Sequence[Any]) -> tuple[str, ...]:
     return tuple(_text(v) for v in values)
 
@@ -147,7 +153,7 @@ class AdmissionScripts:
                 "1" if reclaim else "")  # fmt: skip
         r = await self._call("acquire", model, now_ms, *args, worker=worker)
         return AdmitResult(
-            AdmitCode(int(r[0])), int(r[1]), int(r[2]), _ids(r[6]),
+            _ADMIT_CODES.get(r[0]) or AdmitCode(int(r[0])), int(r[1]), int(r[2]), _ids(r[6]),
             hold_ms=int(r[3]), capacity=int(r[4]), now_ms=int(r[5]),
         )  # fmt: skip
 
