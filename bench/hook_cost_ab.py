@@ -128,10 +128,15 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
 
 
 def summarize(
-    names: list[str], rounds: dict[str, list[float]], batches: dict[str, list[float]]
+    names: list[str], rounds: dict[str, list[float]], batches: dict[str, list[float]], per_batch: int = 0
 ) -> dict[str, object]:
     """Per tree: its rounds' median, mean, p10, spread; its batches' medians; against the first tree the
-    paired ratios (round by round) and the ratios of the medians and of the 10th percentiles."""
+    paired ratios (round by round) and the ratios of the medians and of the 10th percentiles.
+
+    The rounds of one batch share their processes, so they are not independent: the pooled interval is
+    too narrow when batches differ (docs/BENCHMARKS.md, session 8). With `per_batch` (rounds per batch)
+    each batch's paired median is also reported, with their mean and its standard error: the figure to
+    judge a difference by."""
     ref = names[0]
     trees: dict[str, object] = {}
     for n in names:
@@ -152,6 +157,12 @@ def summarize(
                 ratio_of_p10=percentile(v, 10) / percentile(sorted(rounds[ref]), 10),
                 ratio_of_means=statistics.fmean(v) / statistics.fmean(rounds[ref]),
             )  # fmt: skip
+            if per_batch > 0:
+                per = [statistics.median(ratios[i : i + per_batch]) for i in range(0, len(ratios), per_batch)]
+                se = statistics.stdev(per) / math.sqrt(len(per)) if len(per) > 1 else math.nan
+                entry.update(
+                    batch_paired_medians=per, batch_paired_mean=statistics.fmean(per), batch_paired_se=se
+                )
         trees[n] = entry
     return {"trees": trees}
 
@@ -173,6 +184,12 @@ def render(names: list[str], summary: dict[str, object]) -> str:
                 f"{e['ratio_of_p10']:.3f}"
             )
         lines.append(line)
+        if "batch_paired_medians" in e:
+            lines.append(
+                f"  {n} per-batch paired medians: "
+                + ", ".join(f"{x:.3f}" for x in e["batch_paired_medians"])
+                + f"; mean {e['batch_paired_mean']:.3f} ± {e['batch_paired_se']:.3f} (standard error)"
+            )
     lines += [
         f"  {n} batch medians: " + ", ".join(f"{x:.0f}" for x in trees[n]["batch_medians"]) for n in names
     ]
@@ -221,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"batch {b + 1}: " + ", ".join(f"{n} {batch_medians[n][-1]:.0f}" for n in names), flush=True
             )
-    summary = summarize(names, rounds, batch_medians)
+    summary = summarize(names, rounds, batch_medians, per_batch=args.rounds)
     summary.update(load_average=[load_before, os.getloadavg()[0]], seconds=time.monotonic() - started)
     print(render(names, summary))
     print(f"load average {load_before:.2f} -> {os.getloadavg()[0]:.2f}, {summary['seconds']:.0f} s")

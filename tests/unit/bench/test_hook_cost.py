@@ -58,6 +58,7 @@ def test_the_ab_driver_runs_this_tree_against_itself(
     result = json.loads(out.read_text())
     assert [len(result["rounds"][n]) for n in ("a", "b")] == [2, 2]
     assert result["trees"]["b"]["paired_ratio_median"] > 0
+    assert len(result["trees"]["b"]["batch_paired_medians"]) == 1  # one batch: one paired median
     assert "paired ratio median" in capsys.readouterr().out
 
 
