@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from runtime.tasks import cancel_and_wait, spawn
-from store.resp import RespChannel
+from store.resp import RespChannel, head, pack
 
 logger = logging.getLogger(__name__)
 
@@ -96,8 +96,8 @@ class DecisionLog:
             return
         try:
             if self._fast is not None:  # one JSON field per record: packing many fields costs more CPU
-                head = ("XADD", STREAM_KEY, "MAXLEN", "~", self.maxlen, "*", "record")
-                await self._fast.pipeline([(*head, line) for line in lines])
+                first = head("XADD", STREAM_KEY, "MAXLEN", "~", self.maxlen, "*", "record")  # once a batch
+                await self._fast.pipeline_packed([pack((line,), first) for line in lines])
             else:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for line in lines:

@@ -18,6 +18,7 @@ from mitmproxy import http
 from redis.exceptions import RedisError
 
 from plugin.errors import openai_error
+from policy.types import Band
 from store.slots import LeaseLost
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 STATE = "kvgate"
+# a band's label in metrics and records; a dict read, as `Band.name` is a Python-level property (enum)
+BAND_NAMES = {band: band.name.lower() for band in Band}
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +128,7 @@ class FlowState:
 
     @property
     def band_name(self) -> str:
-        return self.caller.band.name.lower() if self.caller else "normal"
+        return BAND_NAMES[self.caller.band] if self.caller else "normal"
 
 
 def state_of(flow: http.HTTPFlow) -> FlowState | None:

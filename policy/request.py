@@ -199,7 +199,8 @@ def _message_text(msg: Mapping[str, object]) -> str:
         head += f" name={msg['name']}"
     if msg.get("tool_call_id") is not None:
         head += f" call={msg['tool_call_id']}"
-    text = _content_text(msg.get("content"))
+    content = msg.get("content")
+    text = content if isinstance(content, str) else _content_text(content)  # the common case: no call
     calls = msg.get("tool_calls")
     for call in calls if isinstance(calls, list) else ():
         fn = call["function"]

@@ -34,14 +34,50 @@ _INCOMPLETE = object()
 
 
 class _Protocol(asyncio.Protocol):
-    """Reply parser and FIFO of callers waiting for replies."""
+    """Reply parser and FIFO of callers waiting for replies, with one reply deadline for them all.
 
-    def __init__(self) -> None:
+    Each command's reply is due `timeout_s` after it was sent (redis-py's socket_timeout). As replies
+    come in order, only the oldest outstanding one can be the first late: one timer, armed for its due
+    time and re-armed for the next when it fires, watches them all, where an `asyncio.wait_for` per
+    command cost a timeout context and a timer handle each (bench.hook_cost). A late reply fails its
+    caller (and any other already late) with redis-py's TimeoutError and drops the connection, so the
+    callers behind it get a connection error (and `execute` resends theirs once)."""
+
+    def __init__(self, timeout_s: float | None = None) -> None:
         self.transport: asyncio.Transport | None = None
         self.pending: deque[asyncio.Future[Any]] = deque()
+        self.due: deque[float] = deque()  # loop time each pending reply is due by, in step with pending
+        self.timeout_s = timeout_s
+        self._watch: asyncio.TimerHandle | None = None
         self.buffer = bytearray()
         self.lost = False
         self.outbox: list[bytes] = []  # commands of this loop tick, written together by flush()
+
+    def expect(self, futures: list[asyncio.Future[Any]], loop: asyncio.AbstractEventLoop) -> None:
+        """`futures` wait for the next replies (one each, in order), due `timeout_s` from now."""
+        self.pending.extend(futures)
+        if self.timeout_s is not None:
+            due = loop.time() + self.timeout_s
+            self.due.extend([due] * len(futures))
+            if self._watch is None:
+                self._watch = loop.call_at(due, self._check)
+
+    def _check(self) -> None:
+        self._watch = None
+        if not self.due:
+            return
+        loop = asyncio.get_running_loop()
+        if self.due[0] > loop.time():  # the late one answered: watch the oldest outstanding now
+            self._watch = loop.call_at(self.due[0], self._check)
+            return
+        now = loop.time()
+        late = RedisTimeoutError(f"Redis did not answer within {self.timeout_s} s")
+        while self.due and self.due[0] <= now:
+            self.due.popleft()
+            future = self.pending.popleft()
+            if not future.done():
+                future.set_exception(late)
+        self.fail(RedisTimeoutError("Redis did not answer in time"))
 
     def queue(self, command: bytes, count: int = 1) -> None:
         """Send `command` (`count` commands packed together, their futures already pending): at once
@@ -77,6 +113,8 @@ class _Protocol(asyncio.Protocol):
                 self.fail(RedisConnectionError("unexpected reply from Redis"))
                 return
             future = self.pending.popleft()
+            if self.due:
+                self.due.popleft()
             if future.done():  # its caller was cancelled
                 continue
             if isinstance(value, ResponseError):
@@ -87,6 +125,10 @@ class _Protocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        self.due.clear()
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         error = RedisConnectionError(f"connection to Redis lost: {exc or 'closed'}")
         while self.pending:
             future = self.pending.popleft()
@@ -120,6 +162,13 @@ def _parse(buf: bytearray, pos: int) -> Any:
             return None, after
         items = []
         for _ in range(count):
+            if buf.startswith(b":", after):  # an integer item inline (the admission replies' most)
+                end = buf.find(b"\r\n", after)
+                if end < 0:
+                    return _INCOMPLETE
+                items.append(int(buf[after + 1 : end]))
+                after = end + 2
+                continue
             parsed = _parse(buf, after)
             if parsed is _INCOMPLETE:
                 return _INCOMPLETE
@@ -154,6 +203,18 @@ def pack(args: tuple[Any, ...], first: Head | None = None) -> bytes:
 
 
 def _bulk(args: tuple[Any, ...]) -> bytes:
+    """Each argument as a RESP bulk string: bytes as they are, anything else as its `str()` in UTF-8.
+
+    Built as one text and encoded once when that text is ASCII and no argument is bytes (the admission
+    scripts' arguments: ids, names, integers), so a character count is a byte count; otherwise
+    argument by argument (`_bulk_bytes`). The same bytes either way (tests/property/test_resp_pack.py)."""
+    text = "".join([f"${len(a)}\r\n{a}\r\n" for a in map(str, args)])
+    if text.isascii() and bytes not in map(type, args):
+        return text.encode()
+    return _bulk_bytes(args)
+
+
+def _bulk_bytes(args: tuple[Any, ...]) -> bytes:
     encoded = [a if isinstance(a, bytes) else str(a).encode() for a in args]
     return b"".join([b"$%d\r\n%s\r\n" % (len(raw), raw) for raw in encoded])
 
@@ -201,11 +262,7 @@ class RespChannel:
 
     async def _round_trip(self, command: bytes) -> Any:
         protocol = await self._ready()
-        try:
-            return await asyncio.wait_for(self._send(protocol, command), self.timeout_s)
-        except TimeoutError:
-            protocol.fail(RedisTimeoutError("Redis did not answer in time"))
-            raise RedisTimeoutError(f"Redis did not answer within {self.timeout_s} s") from None
+        return await self._send(protocol, command)  # the protocol fails it if late (`_Protocol._check`)
 
     async def pipeline(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         """Send `commands` together (one write) and return their replies; raises the first error
@@ -215,12 +272,7 @@ class RespChannel:
     async def pipeline_packed(self, commands: Sequence[bytes]) -> list[Any]:
         """`pipeline` of commands packed already (`pack`)."""
         protocol = await self._ready()
-        futures = self._send_many(protocol, commands)
-        try:
-            return list(await asyncio.wait_for(asyncio.gather(*futures), self.timeout_s))
-        except TimeoutError:
-            protocol.fail(RedisTimeoutError("Redis did not answer in time"))
-            raise RedisTimeoutError(f"Redis did not answer within {self.timeout_s} s") from None
+        return list(await asyncio.gather(*self._send_many(protocol, commands)))  # late: `_Protocol._check`
 
     async def aclose(self) -> None:
         protocol, self._protocol = self._protocol, None
@@ -231,8 +283,9 @@ class RespChannel:
     def _send(protocol: _Protocol, command: bytes) -> asyncio.Future[Any]:
         if protocol.lost or protocol.transport is None:
             raise RedisConnectionError("connection to Redis lost")
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        protocol.pending.append(future)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        protocol.expect([future], loop)
         protocol.queue(command)
         return future
 
@@ -243,7 +296,7 @@ class RespChannel:
             raise RedisConnectionError("connection to Redis lost")
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in commands]
-        protocol.pending.extend(futures)
+        protocol.expect(futures, loop)
         if futures:
             protocol.queue(b"".join(commands), len(futures))
         return futures
@@ -284,7 +337,7 @@ class RespChannel:
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
         _, protocol = await asyncio.wait_for(
-            loop.create_connection(_Protocol, self.host, self.port), CONNECT_TIMEOUT_S
+            loop.create_connection(lambda: _Protocol(self.timeout_s), self.host, self.port), CONNECT_TIMEOUT_S
         )
         setup: list[tuple[Any, ...]] = []
         if self.password is not None:

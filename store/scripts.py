@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from cachetools import LRUCache
 from redis.exceptions import NoScriptError
 
 from policy.admission import (
@@ -38,6 +37,7 @@ from store.scripting import LuaScript, load
 
 # one channel for all models; message = JSON list of granted ids, or {"freed": model, "worker": id}
 GRANTED_CHANNEL = f"{PREFIX}:admission:granted"
+HEADS_MAX = 10_000  # packed command heads kept (AdmissionScripts._head)
 
 
 def model_keys(model: str, worker: str | None = None) -> list[str]:
@@ -72,6 +72,12 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+# acquire.lua's code -> AdmitCode by a dict read (calling the enum is two Python-level calls, per
+# acquire); every code is non-zero, so a miss (`or`) falls back to the enum call and its ValueError
+_ADMIT_CODES = {code.value: code for code in AdmitCode}
+assert all(_ADMIT_CODES)
+
+
 def _ids(values: Sequence[Any]) -> tuple[str, ...]:
     return tuple(_text(v) for v in values)
 
@@ -94,7 +100,9 @@ class AdmissionScripts:
         }
         self._fast = RespChannel.for_client(redis)
         # EVALSHA sha numkeys keys.. per (script, model, worker); bounded for many models or one-off workers
-        self._heads: LRUCache[tuple[str, str, str | None], Head] = LRUCache(maxsize=10_000)
+        # (emptied when full, then refilled by the ones in use: a plain dict, as it is read by every
+        # call, where a cachetools LRUCache costs three Python calls per read, bench.hook_cost)
+        self._heads: dict[tuple[str, str, str | None], Head] = {}
 
     async def aclose(self) -> None:
         """Close the dedicated connection (the redis-py client is the caller's to close)."""
@@ -117,6 +125,8 @@ class AdmissionScripts:
     def _head(self, name: str, model: str, worker: str | None) -> Head:
         first = self._heads.get((name, model, worker))
         if first is None:
+            if len(self._heads) >= HEADS_MAX:
+                self._heads.clear()
             keys_ = _model_keys(model, worker)
             first = self._heads[(name, model, worker)] = head(
                 "EVALSHA", self._scripts[name].sha, len(keys_), *keys_
@@ -143,7 +153,7 @@ class AdmissionScripts:
                 "1" if reclaim else "")  # fmt: skip
         r = await self._call("acquire", model, now_ms, *args, worker=worker)
         return AdmitResult(
-            AdmitCode(int(r[0])), int(r[1]), int(r[2]), _ids(r[6]),
+            _ADMIT_CODES.get(r[0]) or AdmitCode(int(r[0])), int(r[1]), int(r[2]), _ids(r[6]),
             hold_ms=int(r[3]), capacity=int(r[4]), now_ms=int(r[5]),
         )  # fmt: skip
 

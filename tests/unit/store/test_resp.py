@@ -22,6 +22,11 @@ PARSE_CASES = [
     pytest.param(b"*0\r\n", [], id="empty-array"),
     pytest.param(b"*-1\r\n", None, id="nil-array"),
     pytest.param(b"*3\r\n:1\r\n$2\r\nab\r\n*1\r\n:7\r\n", [1, b"ab", [7]], id="nested-array"),
+    pytest.param(
+        b"*7\r\n:0\r\n:-1\r\n:0\r\n:0\r\n:100000\r\n:1764755000123\r\n*1\r\n$2\r\nr1\r\n",
+        [0, -1, 0, 0, 100000, 1764755000123, [b"r1"]],
+        id="acquire-reply",
+    ),
 ]
 
 
@@ -120,6 +125,34 @@ async def test_a_server_that_does_not_answer_times_out_and_the_connection_is_dro
             writer.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_each_reply_has_its_own_deadline_under_the_one_timer() -> None:
+    """A reply that comes late for the timeout but after an earlier reply was on time is still waited
+    for until its own deadline; one that misses its deadline fails its caller, not the next one's."""
+    delays = [0.3, 0.3, 5.0]  # the server answers each PING this long after reading it
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for delay in delays:
+            await reader.readexactly(len(b"*1\r\n$4\r\nPING\r\n"))
+            asyncio.get_running_loop().call_later(delay, writer.write, b"+PONG\r\n")
+        await reader.read()
+
+    server = await asyncio.start_server(slow, "127.0.0.1", 0)
+    channel = RespChannel("127.0.0.1", server.sockets[0].getsockname()[1], timeout_s=0.5)
+    try:
+        first = asyncio.ensure_future(channel.execute("PING"))  # due at 0.5, answered at 0.3
+        await asyncio.sleep(0.4)
+        second = asyncio.ensure_future(channel.execute("PING"))  # due at 0.9, answered at 0.7
+        assert await first == b"PONG"
+        assert await second == b"PONG"  # past the first's deadline, within its own
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(RedisTimeoutError):
+            await channel.execute("PING")  # answered after 5 s: late
+        assert asyncio.get_running_loop().time() - started < 3.0
+    finally:
+        await channel.aclose()
+        server.close()
 
 
 async def test_a_caller_cancelled_while_connecting_does_not_fail_the_callers_waiting_on_it(
