@@ -127,6 +127,7 @@ def _fresh(tok: LocalTokenizer, chunk_chars: int, thread_min_chars: int = 1 << 3
     """`tok` with empty caches and these settings (loading it again per example takes ~0.1 s)."""
     tok._chains.clear()
     tok._pieces.clear()
+    tok._seen.clear()
     tok.chunk_chars, tok.thread_min_chars = chunk_chars, thread_min_chars
     return tok
 
