@@ -26,8 +26,9 @@ no `{% set ns.x %}` (nothing carries from one message to the next); no macro, in
 reads `messages`; no `strftime_now`, `joiner`, `cycler` or `lipsum` anywhere (a date or a state that
 would be kept with the text). After the loop anything goes: it is always rendered. The compiled
 template loops over `messages[kvgate__from:]` with the body's `loop.index0`, `index` and `first`
-shifted by `kvgate__from`, and calls `kvgate__mark` (where the body's text starts) at its top; tests/property/test_chat_template_from.py checks that the
-kept text plus the rendering from `j` on equals the whole rendering.
+shifted by `kvgate__from`, and calls `kvgate__mark` (where the body's text starts) at its top.
+tests/property/test_chat_template_from.py checks that the kept text plus the rendering from `j` on
+equals the whole rendering, on random chats with the templates this form accepts.
 """
 
 from __future__ import annotations
@@ -152,13 +153,17 @@ def _index0() -> jinja2.nodes.Expr:
 def _shifted(node: jinja2.nodes.Node) -> jinja2.nodes.Node:
     """`node` of the loop's body with the loop's own `loop.index0`, `index` and `first` counted in the
     whole message list (not inside a nested for, whose `loop` is its own)."""
-    if isinstance(node, jinja2.nodes.Getattr) and isinstance(node.node, jinja2.nodes.Name):
-        if node.node.name == "loop" and node.attr in ("index0", "index", "first"):
-            if node.attr == "index0":
-                return _index0()
-            if node.attr == "index":
-                return jinja2.nodes.Add(_index0(), jinja2.nodes.Const(1))
-            return jinja2.nodes.Compare(_index0(), [jinja2.nodes.Operand("eq", jinja2.nodes.Const(0))])
+    if (
+        isinstance(node, jinja2.nodes.Getattr)
+        and isinstance(node.node, jinja2.nodes.Name)
+        and node.node.name == "loop"
+        and node.attr in ("index0", "index", "first")
+    ):
+        if node.attr == "index0":
+            return _index0()
+        if node.attr == "index":
+            return jinja2.nodes.Add(_index0(), jinja2.nodes.Const(1))
+        return jinja2.nodes.Compare(_index0(), [jinja2.nodes.Operand("eq", jinja2.nodes.Const(0))])
     for name, value in node.iter_fields():
         if isinstance(node, jinja2.nodes.For) and name != "iter":
             continue
@@ -213,10 +218,15 @@ def _children(node: jinja2.nodes.Node) -> Iterator[tuple[jinja2.nodes.Node, jinj
 def _header_ok(node: jinja2.nodes.Node, names: set[str]) -> bool:
     """Before the loop: the messages only as `messages[0]` (the first message is in every key)."""
     for parent, child in [(None, node), *_children(node)]:
-        if isinstance(child, jinja2.nodes.Name) and child.name in names and child.ctx == "load":
-            first = isinstance(parent, jinja2.nodes.Getitem) and parent.node is child
-            if not (first and isinstance(parent.arg, jinja2.nodes.Const) and parent.arg.value == 0):
-                return False
+        read = isinstance(child, jinja2.nodes.Name) and child.name in names and child.ctx == "load"
+        first = (
+            isinstance(parent, jinja2.nodes.Getitem)
+            and parent.node is child
+            and isinstance(parent.arg, jinja2.nodes.Const)
+            and parent.arg.value == 0
+        )
+        if read and not first:
+            return False
     return True
 
 
@@ -249,15 +259,23 @@ def _body_ok(node: jinja2.nodes.Node, names: set[str], outer: jinja2.nodes.For) 
                     and _neighbour(parent.arg)
                 ):
                     return False
-            elif child.name == "loop" and not nested:
-                if not (isinstance(parent, jinja2.nodes.Getattr) and parent.attr in _LOOP_ATTRS):
-                    return False
+            elif child.name == "loop" and not nested and not _position(parent):
+                return False
         if isinstance(child, jinja2.nodes.Name) and child.ctx != "load" and child.name in names:
             return False
         for grandchild in child.iter_child_nodes():
             inner = nested or (isinstance(child, jinja2.nodes.For) and grandchild is not child.iter)
             stack.append((child, grandchild, inner))
     return True
+
+
+def _position(parent: jinja2.nodes.Node | None) -> bool:
+    """`loop.index0`, `index`, `first` or `last`."""
+    return isinstance(parent, jinja2.nodes.Getattr) and parent.attr in _LOOP_ATTRS
+
+
+def _reads(node: jinja2.nodes.Node, names: set[str]) -> bool:
+    return any(isinstance(n, jinja2.nodes.Name) and n.name in names for _, n in _children(node))
 
 
 def _safe_everywhere(ast: jinja2.nodes.Template, names: set[str], aliases: set[int]) -> bool:
@@ -270,14 +288,13 @@ def _safe_everywhere(ast: jinja2.nodes.Template, names: set[str], aliases: set[i
             return False
         if isinstance(child, jinja2.nodes.Name) and child.name in _STATEFUL:
             return False
-        if isinstance(child, jinja2.nodes.Macro | jinja2.nodes.CallBlock):
-            for _, inner in _children(child):
-                if isinstance(inner, jinja2.nodes.Name) and inner.name in names | {"loop"}:
-                    if isinstance(child, jinja2.nodes.Macro) or inner.name != "loop":
-                        return False
-        if isinstance(child, jinja2.nodes.Name) and child.ctx != "load" and child.name in names:
-            if id(parent) not in aliases:
-                return False
+        if isinstance(child, jinja2.nodes.Macro) and _reads(child, names | {"loop"}):
+            return False
+        if isinstance(child, jinja2.nodes.CallBlock) and _reads(child, names):
+            return False
+        reassigned = isinstance(child, jinja2.nodes.Name) and child.ctx != "load" and child.name in names
+        if reassigned and id(parent) not in aliases:
+            return False
     return True
 
 

@@ -278,17 +278,11 @@ class LocalTokenizer:
     async def blocks_async(self, body: Mapping[str, Any], model: str, block_size: int) -> LocalBlocks:
         """Token-block hashes of a request (policy.prefix.token_block_hashes of its ids)."""
         pacer = _Pacer()
-        for memo in (True, False):  # without the seen-messages memo if its chain is gone
-            text: _Text | None = None
-            for text in self._text_steps(body, memo):  # noqa: B007 - the last value is the text
-                await pacer.pace()
-            assert text is not None
-            plan: _Plan | None = None
-            for plan in self._plan_steps(text, block_size, model):  # noqa: B007 - the last value is the plan
-                await pacer.pace()
-            assert plan is not None
-            if plan.chain is not None or text.base is None:
-                break
+        text = await pacer.run(self._text_steps(body, True))
+        plan = await pacer.run(self._plan_steps(text, block_size, model))
+        if plan.chain is None and text.base is not None:  # the seen messages' chain is gone: whole text
+            text = await pacer.run(self._text_steps(body, False))
+            plan = await pacer.run(self._plan_steps(text, block_size, model))
         ids: list[tuple[int, ...]] = []
         special = text.special
         if plan.new and sum(map(len, plan.new)) >= self.thread_min_chars:  # cold: off the loop, one core
@@ -299,11 +293,7 @@ class LocalTokenizer:
             ids = self._encode(plan.new, special)
         plan.fresh.update(zip(plan.new, ids, strict=True))
         self._remember(plan)
-        out: LocalBlocks | None = None
-        for out in self._extend(plan, model, block_size):  # noqa: B007 - the last value is the result
-            await pacer.pace()
-        assert out is not None
-        return out
+        return await pacer.run(self._extend(plan, model, block_size))
 
     def blocks(self, body: Mapping[str, Any], model: str, block_size: int) -> LocalBlocks:
         """`blocks_async` on the caller's thread, without yielding (tests, benchmarks)."""
@@ -526,6 +516,14 @@ class _Pacer:
         if time.perf_counter() - self.since >= LOOP_SLICE_S:
             await asyncio.sleep(0)
             self.since = time.perf_counter()
+
+    async def run(self, steps: Iterator[_T | None]) -> _T:
+        """The last value of a stepwise computation, pacing between its steps."""
+        out = None
+        for out in steps:  # noqa: B007 - the last value is the result
+            await self.pace()
+        assert out is not None
+        return out
 
 
 @dataclass(slots=True)
