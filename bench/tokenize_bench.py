@@ -4,7 +4,10 @@
 
 Warm: a chat of `--prefix-tokens` (30k) tokens has been seen; each round sends it again with a new
 user message, about `--prompt-tokens` (32k) in all, and times `LocalTokenizer.blocks_async` (render the
-template, find the seen prefix, encode and hash the rest): p50 / p99 in seconds. Cold: a fresh
+template, find the seen prefix, encode and hash the rest): p50 / p99 in seconds; `p50_new_text_encode`
+is the tokenizer's own share, the new message's text alone encoded as the warm path encodes it, and
+`p50_loop_cpu` the CPU time of the loop's thread per round (its Python; the encode's threads are not
+counted, machine load matters less). Cold: a fresh
 tokenizer (empty caches) gets a whole new 32k-token chat while a ticker on the same event loop wakes
 every millisecond; `loop_stall_p99` (and `_max`) is how late the ticker woke, i.e. how long another
 flow on the loop would have waited. The model directory is bench/toy_model.py's (made on the spot)
@@ -27,7 +30,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from bench import toy_model
-from plugin.local_tokenizer import LocalTokenizer
+from plugin.local_tokenizer import PARALLEL_MIN_CHUNKS, LocalTokenizer
 from runtime.tasks import spawn
 
 MODEL = "bench"
@@ -55,16 +58,22 @@ async def warm_rounds(
 ) -> Any:
     rng, vocab = random.Random(11), toy_model.words(7)
     tok.blocks({"messages": prefix}, MODEL, BLOCK)  # the 30k tokens are seen
-    times, cpu, last = [], [], None
+    times, cpu, loop_cpu, encode, last = [], [], [], [], None
     for _ in range(rounds):
-        body = {
-            "messages": [*prefix, {"role": "user", "content": toy_model.sentence(rng, vocab, extra_words)}]
-        }
-        started, started_cpu = time.perf_counter(), time.process_time()
+        content = toy_model.sentence(rng, vocab, extra_words)
+        body = {"messages": [*prefix, {"role": "user", "content": content}]}
+        started, started_cpu, started_loop = time.perf_counter(), time.process_time(), time.thread_time()
         last = await tok.blocks_async(body, MODEL, BLOCK)
         times.append(time.perf_counter() - started)
         cpu.append(time.process_time() - started_cpu)
-    return times, cpu, last
+        loop_cpu.append(time.thread_time() - started_loop)
+        # the new message's text alone, encoded as the warm path encodes it (its chunks in one call)
+        chunks = tok.chunks(content)
+        batch = tok.tokenizer.encode_batch if len(chunks) >= PARALLEL_MIN_CHUNKS else tok._fast
+        started = time.perf_counter()
+        batch(chunks, add_special_tokens=False)
+        encode.append(time.perf_counter() - started)
+    return times, cpu, loop_cpu, encode, last
 
 
 class Stepped:
@@ -144,7 +153,7 @@ async def run(
     )
     tok = LocalTokenizer.load(directory)  # measured from a clean cache holding only the prefix
     extra_words = max(1, int((prompt_tokens - prefix_tokens) / per_word))
-    times, cpu, last = await warm_rounds(tok, prefix, extra_words, rounds)
+    times, cpu, loop_cpu, encode, last = await warm_rounds(tok, prefix, extra_words, rounds)
     cold_times, lateness, steps, idle, cold_tokens = await cold_rounds(directory, prompt_tokens, cold)
     whole = LocalTokenizer.load(directory)
     text, special = whole.prompt_text({"messages": prefix})
@@ -156,6 +165,8 @@ async def run(
         "p50": quantile(times, 0.5),
         "p99": quantile(times, 0.99),
         "p50_cpu": statistics.median(cpu),  # CPU of all threads (the loop's and the encoder's) per round
+        "p50_loop_cpu": statistics.median(loop_cpu),  # CPU of the loop's thread per round (not the encoder's)
+        "p50_new_text_encode": statistics.median(encode),  # the tokenizer's part of a warm round
         "loop_stall_p99": quantile(lateness, 0.99) if lateness else 0.0,
         "loop_stall_max": max(lateness, default=0.0),
         "loop_stall_idle_p99": quantile(idle, 0.99) if idle else 0.0,  # the ticker with nothing to wait for

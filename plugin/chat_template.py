@@ -15,6 +15,20 @@ and each tool is `{"type": "function", "function": {"name", "description", "para
 for a missing field (its pydantic model dumped). `add_generation_prompt` defaults to true.
 
 Every bad input raises `TemplateError` with a client-facing message.
+
+Rendering from a message on (`compile_from`): for a template of the *message-local* form, the text of
+`messages[:j]` is the same in every chat that starts with `messages[:j + 1]` (same tools, documents,
+kwargs and `add_generation_prompt`), so a caller that kept it renders only `messages[j:]` (and the
+tail). The form, checked on the template's AST: one top-level `{% for %}` over `messages` (or a name
+set to it); before it, `messages` only as `messages[0]`; in its body, `messages` only as
+`messages[loop.index0 - 1]` / `[loop.index0 + 1]`, `loop` only as `index0`, `index`, `first`, `last`,
+no `{% set ns.x %}` (nothing carries from one message to the next); no macro, include or block that
+reads `messages`; no `strftime_now`, `joiner`, `cycler` or `lipsum` anywhere (a date or a state that
+would be kept with the text). After the loop anything goes: it is always rendered. The compiled
+template loops over `messages[kvgate__from:]` with the body's `loop.index0`, `index` and `first`
+shifted by `kvgate__from`, and calls `kvgate__mark` (where the body's text starts) at its top.
+tests/property/test_chat_template_from.py checks that the kept text plus the rendering from `j` on
+equals the whole rendering, on random chats with the templates this form accepts.
 """
 
 from __future__ import annotations
@@ -102,6 +116,186 @@ def compile_template(source: str) -> jinja2.Template:
         return env.from_string(source)
     except jinja2.exceptions.TemplateSyntaxError as e:
         raise TemplateError(f"chat template does not parse: {e}") from None
+
+
+FROM_VAR, MARK_VAR = "kvgate__from", "kvgate__mark"  # the names compile_from adds to the template
+_LOOP_ATTRS = frozenset({"index0", "index", "first", "last"})  # the same for a message in every chat
+_STATEFUL = frozenset({"strftime_now", "joiner", "cycler", "lipsum", FROM_VAR, MARK_VAR})
+
+
+def compile_from(source: str) -> jinja2.Template | None:
+    """The template compiled to render from a message on (module docstring), or None if it is not of
+    the message-local form (then it is always rendered whole)."""
+    env = compile_template(source).environment
+    ast = env.parse(source)
+    loop = _message_loop(ast)
+    if loop is None:
+        return None
+    # {% for message in messages[kvgate__from:] %}, the body's loop.index0 / index / first shifted by
+    # kvgate__from (loop.last is the same), and {{ kvgate__mark(index) }} at its top
+    start = jinja2.nodes.Name(FROM_VAR, "load")
+    loop.iter = jinja2.nodes.Getitem(loop.iter, jinja2.nodes.Slice(start, None, None), "load")
+    loop.body = [_shifted(node) for node in loop.body]
+    mark = jinja2.nodes.Call(jinja2.nodes.Name(MARK_VAR, "load"), [_index0()], [], None, None)
+    loop.body.insert(0, jinja2.nodes.Output([mark]))
+    for node in (loop.iter, *loop.body):
+        node.set_lineno(loop.lineno)
+        node.set_environment(env)
+    return env.from_string(ast)
+
+
+def _index0() -> jinja2.nodes.Expr:
+    """`loop.index0 + kvgate__from`: the message's index in the whole list."""
+    loop_index0 = jinja2.nodes.Getattr(jinja2.nodes.Name("loop", "load"), "index0", "load")
+    return jinja2.nodes.Add(loop_index0, jinja2.nodes.Name(FROM_VAR, "load"))
+
+
+def _shifted(node: jinja2.nodes.Node) -> jinja2.nodes.Node:
+    """`node` of the loop's body with the loop's own `loop.index0`, `index` and `first` counted in the
+    whole message list (not inside a nested for, whose `loop` is its own)."""
+    if (
+        isinstance(node, jinja2.nodes.Getattr)
+        and isinstance(node.node, jinja2.nodes.Name)
+        and node.node.name == "loop"
+        and node.attr in ("index0", "index", "first")
+    ):
+        if node.attr == "index0":
+            return _index0()
+        if node.attr == "index":
+            return jinja2.nodes.Add(_index0(), jinja2.nodes.Const(1))
+        return jinja2.nodes.Compare(_index0(), [jinja2.nodes.Operand("eq", jinja2.nodes.Const(0))])
+    for name, value in node.iter_fields():
+        if isinstance(node, jinja2.nodes.For) and name != "iter":
+            continue
+        if isinstance(value, jinja2.nodes.Node):
+            setattr(node, name, _shifted(value))
+        elif isinstance(value, list):
+            setattr(node, name, [_shifted(v) if isinstance(v, jinja2.nodes.Node) else v for v in value])
+    return node
+
+
+def _message_loop(ast: jinja2.nodes.Template) -> jinja2.nodes.For | None:
+    """The top-level `for` over the messages if the template is of the message-local form, else None."""
+    names = {"messages"}
+    aliases: set[int] = set()  # the ids of those `set` nodes
+    loop: jinja2.nodes.For | None = None
+    for node in ast.body:
+        if (  # {% set loop_messages = messages %} before the loop
+            loop is None
+            and isinstance(node, jinja2.nodes.Assign)
+            and isinstance(node.target, jinja2.nodes.Name)
+            and isinstance(node.node, jinja2.nodes.Name)
+            and node.node.name in names
+        ):
+            names.add(node.target.name)
+            aliases.add(id(node))
+            continue
+        if isinstance(node, jinja2.nodes.For) and loop is None and _iterates(node, names):
+            if node.test is not None or node.recursive or node.else_:
+                return None
+            loop = node
+            if not all(_body_ok(child, names, node) for child in node.body):
+                return None
+            continue
+        if loop is None and not _header_ok(node, names):
+            return None
+    if loop is None or not _safe_everywhere(ast, names, aliases):
+        return None
+    return loop
+
+
+def _iterates(node: jinja2.nodes.For, names: set[str]) -> bool:
+    return isinstance(node.iter, jinja2.nodes.Name) and node.iter.name in names
+
+
+def _children(node: jinja2.nodes.Node) -> Iterator[tuple[jinja2.nodes.Node, jinja2.nodes.Node]]:
+    """(parent, child) for every node below `node`."""
+    for child in node.iter_child_nodes():
+        yield node, child
+        yield from _children(child)
+
+
+def _header_ok(node: jinja2.nodes.Node, names: set[str]) -> bool:
+    """Before the loop: the messages only as `messages[0]` (the first message is in every key)."""
+    for parent, child in [(None, node), *_children(node)]:
+        read = isinstance(child, jinja2.nodes.Name) and child.name in names and child.ctx == "load"
+        first = (
+            isinstance(parent, jinja2.nodes.Getitem)
+            and parent.node is child
+            and isinstance(parent.arg, jinja2.nodes.Const)
+            and parent.arg.value == 0
+        )
+        if read and not first:
+            return False
+    return True
+
+
+def _neighbour(arg: jinja2.nodes.Node) -> bool:
+    """`loop.index0 - 1` or `loop.index0 + 1`."""
+    return (
+        isinstance(arg, jinja2.nodes.Add | jinja2.nodes.Sub)
+        and isinstance(arg.left, jinja2.nodes.Getattr)
+        and isinstance(arg.left.node, jinja2.nodes.Name)
+        and arg.left.node.name == "loop"
+        and arg.left.attr == "index0"
+        and isinstance(arg.right, jinja2.nodes.Const)
+        and arg.right.value == 1
+    )
+
+
+def _body_ok(node: jinja2.nodes.Node, names: set[str], outer: jinja2.nodes.For) -> bool:
+    """In the loop's body: the messages only as their neighbours, `loop` only by its position, no
+    namespace assignment; `loop` inside a nested for is that loop's own."""
+    stack: list[tuple[jinja2.nodes.Node | None, jinja2.nodes.Node, bool]] = [(None, node, False)]
+    while stack:
+        parent, child, nested = stack.pop()
+        if isinstance(child, jinja2.nodes.NSRef):
+            return False
+        if isinstance(child, jinja2.nodes.Name) and child.ctx == "load":
+            if child.name in names:
+                if nested or not (
+                    isinstance(parent, jinja2.nodes.Getitem)
+                    and parent.node is child
+                    and _neighbour(parent.arg)
+                ):
+                    return False
+            elif child.name == "loop" and not nested and not _position(parent):
+                return False
+        if isinstance(child, jinja2.nodes.Name) and child.ctx != "load" and child.name in names:
+            return False
+        for grandchild in child.iter_child_nodes():
+            inner = nested or (isinstance(child, jinja2.nodes.For) and grandchild is not child.iter)
+            stack.append((child, grandchild, inner))
+    return True
+
+
+def _position(parent: jinja2.nodes.Node | None) -> bool:
+    """`loop.index0`, `index`, `first` or `last`."""
+    return isinstance(parent, jinja2.nodes.Getattr) and parent.attr in _LOOP_ATTRS
+
+
+def _reads(node: jinja2.nodes.Node, names: set[str]) -> bool:
+    return any(isinstance(n, jinja2.nodes.Name) and n.name in names for _, n in _children(node))
+
+
+def _safe_everywhere(ast: jinja2.nodes.Template, names: set[str], aliases: set[int]) -> bool:
+    """No stateful global, no include / import / block, no macro or call block that reads the messages,
+    and the messages never reassigned (the alias `set`s before the loop aside)."""
+    for parent, child in _children(ast):
+        if isinstance(child, jinja2.nodes.Extends | jinja2.nodes.Include | jinja2.nodes.Import):
+            return False
+        if isinstance(child, jinja2.nodes.FromImport | jinja2.nodes.Block):
+            return False
+        if isinstance(child, jinja2.nodes.Name) and child.name in _STATEFUL:
+            return False
+        if isinstance(child, jinja2.nodes.Macro) and _reads(child, names | {"loop"}):
+            return False
+        if isinstance(child, jinja2.nodes.CallBlock) and _reads(child, names):
+            return False
+        reassigned = isinstance(child, jinja2.nodes.Name) and child.ctx != "load" and child.name in names
+        if reassigned and id(parent) not in aliases:
+            return False
+    return True
 
 
 def special_tokens(config: Mapping[str, Any]) -> dict[str, str]:
@@ -211,8 +405,15 @@ class Rendering:
     or `finish`."""
 
     def __init__(
-        self, template: jinja2.Template, body: Mapping[str, Any], specials: Mapping[str, str]
+        self,
+        template: jinja2.Template,
+        body: Mapping[str, Any],
+        specials: Mapping[str, str],
+        start: int = 0,
     ) -> None:
+        """`start`: with a template from `compile_from`, render the messages from this one on (the text
+        before it, the loop's, is left out); `marks` then gets where each rendered message's text starts
+        in the output (message index -> characters)."""
         messages = template_messages(body.get("messages"))
         kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, Mapping):
@@ -232,6 +433,9 @@ class Rendering:
             self.final = last["content"]
             messages[-1] = {**last, "content": self.final + CONTINUE_TAG}
         self.template = template
+        self.messages = messages
+        self.length = 0  # characters generated so far
+        self.marks: dict[int, int] = {}
         self.context: dict[str, Any] = {
             **specials,
             **kwargs,
@@ -239,11 +443,20 @@ class Rendering:
             "tools": template_tools(body.get("tools")),
             "documents": documents,
             "add_generation_prompt": bool(add_gen),
+            FROM_VAR: start,
+            MARK_VAR: self._mark,
         }
+
+    def _mark(self, index: int) -> str:
+        # called as the template generates, so self.length is what was generated before this message
+        self.marks[index] = self.length
+        return ""
 
     def parts(self) -> Iterator[str]:
         try:
-            yield from self.template.generate(**self.context)
+            for part in self.template.generate(**self.context):
+                self.length += len(part)
+                yield part
         except jinja2.exceptions.TemplateError as e:
             raise TemplateError(f"chat template: {e}") from None
 

@@ -13,7 +13,13 @@ whole text are the ids of the pieces in order. A chain cache keyed by a hash of 
 cut keeps the block-hash chain there (hashes, pending tokens of the unfinished block, token count), so
 a prompt that extends a seen one (the next turn of a chat, a shared system prompt and tools) tokenizes
 and hashes only the text after the longest seen cut. A piece cache (piece text -> ids) serves pieces
-seen after a different prefix. A tokenizer whose added tokens strip neighbouring whitespace, match
+seen after a different prefix. With a chat template of the message-local form (plugin/chat_template.py
+`compile_from`) and added tokens that neither overlap nor contain one another (`_splits_locally`), a chat
+is rendered only from the last message whose prefix was seen: `_seen` keeps, under a hash of the
+messages up to a message and of the rest of what the template reads, the cut key where that message's
+text started, so the render, the cut and the lookup skip the seen messages (with a 30k-token seen prefix,
+~1.8 ms of the loop's time became ~0.6 ms; docs/BENCHMARKS.md). If that key's chain is no longer cached, the
+text is rendered whole. A tokenizer whose added tokens strip neighbouring whitespace, match
 only whole words, or match normalized text, or whose pre-tokenizer depends on the position in the
 input (Metaspace `prepend_scheme = "first"`), is not cut: its prompts are encoded whole (exact, not
 incremental).
@@ -54,7 +60,15 @@ import jinja2
 from cachetools import LRUCache
 from tokenizers import Tokenizer as HfTokenizer
 
-from plugin.chat_template import Rendering, TemplateError, compile_template, render, special_tokens
+from plugin.chat_template import (
+    FROM_VAR,
+    Rendering,
+    TemplateError,
+    compile_from,
+    compile_template,
+    render,
+    special_tokens,
+)
 from policy.prefix import token_block_hashes
 
 LOOP_SLICE_S = 0.00025  # blocks_async works on the loop about this long between two yields
@@ -141,6 +155,46 @@ def _chunkable(spec: Mapping[str, Any]) -> bool:
     )
 
 
+def _splits_locally(added: Sequence[str]) -> bool:
+    """Whether no added token is inside another or overlaps one: then every occurrence is a cut, so text
+    that ends with an added token (or a text that starts with one) is cut the same alone as before more."""
+    heads = {t[:i] for t in added for i in range(1, len(t))}
+    for t in added:
+        if any(t[i:] in heads for i in range(1, len(t))) or any(t != u and t in u for u in added):
+            return False
+    return True
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable copy of JSON data that tells apart what renders differently (1, 1.0, True; key order)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return ("d", *((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return ("l", *map(_frozen, value))
+    return (type(value).__name__, value)
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """Where a message's text started in a prompt seen before: the cut key there (chain hash, characters)
+    and whether an added token ends the text before it."""
+
+    key: tuple[int, int]
+    after_added: bool
+
+
+@dataclass(slots=True)
+class _Text:
+    """The text to cut: the whole prompt, or (`base` set) the part after a seen message prefix."""
+
+    text: str
+    special: bool
+    base: _Seen | None = None
+    memo: dict[int, int] = field(default_factory=dict)  # characters -> key of the messages up to there
+
+
 class LocalTokenizer:
     """One model's tokenizer + chat template, with the chain and piece caches (module docstring)."""
 
@@ -173,6 +227,13 @@ class LocalTokenizer:
         # with 0.23.3); both release the GIL
         self._fast: Any = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
         self._cut = re.compile("(" + "|".join(re.escape(t) for t in reversed(added)) + ")") if added else None
+        self._added_ids = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items()}
+        # rendering from a seen message on (chat_template.compile_from): where each message's text
+        # started in prompts seen before, keyed by the messages up to and including it
+        self.template_from: jinja2.Template | None = None
+        if self.template is not None and self.incremental and _splits_locally(added):
+            self.template_from = compile_from(source) if isinstance(source, str) else None
+        self._seen: LRUCache[int, _Seen] = LRUCache(maxsize=max(1, chain_entries))
         self._chains: LRUCache[tuple[tuple[int, int], int, str], _Chain] = LRUCache(
             maxsize=max(1, chain_entries)
         )
@@ -214,18 +275,6 @@ class LocalTokenizer:
             raise TemplateError("prompt: only a single text prompt is tokenized locally")
         return prompt, bool(body.get("add_special_tokens", True))
 
-    async def _prompt_text_async(self, body: Mapping[str, Any], pacer: _Pacer) -> tuple[str, bool]:
-        """`prompt_text` with a yield to the loop every LOOP_SLICE_S of template rendering (a 32k-token
-        chat takes ~0.5-2 ms to render; jinja2 generates it a message at a time)."""
-        if "messages" not in body or self.template is None:
-            return self.prompt_text(body)
-        rendering = Rendering(self.template, body, self.specials)
-        parts: list[str] = []
-        for part in rendering.parts():
-            parts.append(part)
-            await pacer.pace()
-        return rendering.finish("".join(parts)), bool(body.get("add_special_tokens", False))
-
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         """The tokenizer's ids of `text` (the reference the incremental path must equal)."""
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -235,13 +284,13 @@ class LocalTokenizer:
     async def blocks_async(self, body: Mapping[str, Any], model: str, block_size: int) -> LocalBlocks:
         """Token-block hashes of a request (policy.prefix.token_block_hashes of its ids)."""
         pacer = _Pacer()
-        text, special = await self._prompt_text_async(body, pacer)
-        await pacer.pace()
-        plan = None
-        for plan in self._plan_steps(text, special, block_size, model):  # noqa: B007 - the last value is the plan
-            await pacer.pace()
-        assert plan is not None
+        text = await pacer.run(self._text_steps(body, True))
+        plan = await pacer.run(self._plan_steps(text, block_size, model))
+        if plan.chain is None and text.base is not None:  # the seen messages' chain is gone: whole text
+            text = await pacer.run(self._text_steps(body, False))
+            plan = await pacer.run(self._plan_steps(text, block_size, model))
         ids: list[tuple[int, ...]] = []
+        special = text.special
         if plan.new and sum(map(len, plan.new)) >= self.thread_min_chars:  # cold: off the loop, one core
             loop = asyncio.get_running_loop()
             ids = await loop.run_in_executor(_ENCODER, self._encode_serial, plan.new, special)
@@ -250,20 +299,80 @@ class LocalTokenizer:
             ids = self._encode(plan.new, special)
         plan.fresh.update(zip(plan.new, ids, strict=True))
         self._remember(plan)
-        out: LocalBlocks | None = None
-        for out in self._extend(plan, model, block_size):  # noqa: B007 - the last value is the result
-            await pacer.pace()
-        assert out is not None
-        return out
+        return await pacer.run(self._extend(plan, model, block_size))
 
     def blocks(self, body: Mapping[str, Any], model: str, block_size: int) -> LocalBlocks:
         """`blocks_async` on the caller's thread, without yielding (tests, benchmarks)."""
-        text, special = self.prompt_text(body)
-        plan = self._plan(text, special, block_size, model)
+        text = _last(self._text_steps(body, True))
+        plan = _last(self._plan_steps(text, block_size, model))
+        if plan.chain is None and text.base is not None:
+            text = _last(self._text_steps(body, False))
+            plan = _last(self._plan_steps(text, block_size, model))
         if plan.new:
-            plan.fresh.update(zip(plan.new, self._encode(plan.new, special), strict=True))
+            plan.fresh.update(zip(plan.new, self._encode(plan.new, text.special), strict=True))
             self._remember(plan)
         return _last(self._extend(plan, model, block_size))
+
+    def _text_steps(self, body: Mapping[str, Any], memo: bool) -> Iterator[_Text | None]:
+        """The text to cut, in steps (None between them: the template renders a message at a time).
+        With a template of the message-local form and `memo`, it is rendered from the last message
+        whose prefix was seen (its cut key kept in `_seen`), and the text is what follows."""
+        if "messages" not in body or self.template is None:
+            yield _Text(*self.prompt_text(body))
+            return
+        special = bool(body.get("add_special_tokens", False))
+        template = self.template if special or self.template_from is None else self.template_from
+        rendering = Rendering(template, body, self.specials)
+        keys: list[int] = []
+        start, base = 0, None
+        if template is self.template_from:
+            keys = self._message_keys(rendering)
+            for j in range(len(keys) - 1, 0, -1) if memo else ():
+                found = self._seen.get(keys[j])
+                if found is not None:
+                    start, base = j, found
+                    break
+            rendering.context[FROM_VAR] = start
+        parts: list[str] = []
+        for part in rendering.parts():
+            parts.append(part)
+            yield None
+        text = rendering.finish("".join(parts))
+        marks = rendering.marks
+        offset = 0
+        if base is not None:
+            offset = marks.get(start, -1)
+            cut = self._cut
+            if offset < 0 or not (base.after_added or (cut is not None and cut.match(text, offset))):
+                yield from self._text_steps(body, False)  # not a cut there: the whole text
+                return
+            text = text[offset:]
+        out = _Text(text, special, base)
+        begin = base.key[1] if base is not None else 0
+        for j in (len(keys) - 1, len(keys) - 2):  # kept for the next turn, and for a new last message
+            if j >= 1 and j in marks:
+                out.memo[begin + marks[j] - offset] = keys[j]
+        yield out
+
+    def _message_keys(self, rendering: Rendering) -> list[int]:
+        """Per message, a hash of the messages up to it and of everything else the template reads."""
+        context = rendering.context
+        key = hash(
+            (
+                _frozen([context.get(k) for k in ("tools", "documents", "add_generation_prompt")]),
+                _frozen({k: v for k, v in context.items() if k not in ("messages", "tools", "documents")
+                         and not callable(v)}),
+                rendering.cont,
+            )
+        )  # fmt: skip
+        keys = []
+        for message in rendering.messages:
+            if all(type(v) is str for v in message.values()):  # the usual message: its items as they are
+                key = hash((key, tuple(message.items())))
+            else:
+                key = hash((key, _frozen(message)))
+            keys.append(key)
+        return keys
 
     def chunks(self, piece: str, special: bool = False) -> list[str]:
         """`piece` cut at _SAFE_CUT into chunks of about chunk_chars (whole if it is not chunkable)."""
@@ -294,7 +403,10 @@ class LocalTokenizer:
             if len(chunks) == 1:
                 out.append(tuple(next(encoded).ids))
             else:
-                out.append(tuple(i for _ in chunks for i in next(encoded).ids))
+                ids: list[int] = []
+                for _ in chunks:
+                    ids += next(encoded).ids
+                out.append(tuple(ids))
         return out
 
     def _encode_serial(self, pieces: Sequence[str], special: bool) -> list[tuple[int, ...]]:
@@ -310,30 +422,33 @@ class LocalTokenizer:
         return out
 
     def _remember(self, plan: _Plan) -> None:
-        if plan.keys[0] is not None:  # incremental: pieces are worth keeping
+        if plan.keys and plan.keys[0] is not None:  # incremental: pieces are worth keeping
             for text in plan.new:
                 self._pieces[text] = plan.fresh[text]
 
-    def _plan(self, text: str, special: bool, block_size: int, model: str) -> _Plan:
-        """Cut `text`, find the longest cached chain, and list the pieces after it still to encode."""
-        return _last(self._plan_steps(text, special, block_size, model))
-
-    def _plan_steps(self, text: str, special: bool, block_size: int, model: str) -> Iterator[_Plan | None]:
-        """`_plan` in three steps of ~0.1-0.4 ms for a 32k-token prompt: None between them, then the plan."""
-        if not self.incremental or self._cut is None or special:
+    def _plan_steps(self, text: _Text, block_size: int, model: str) -> Iterator[_Plan | None]:
+        """Cut the text, find the longest cached chain, and list the pieces after it still to encode; in
+        three steps of ~0.1-0.4 ms for a 32k-token prompt: None between them, then the plan. Keeps the
+        cut keys at the text's message starts (`text.memo`) in `_seen`."""
+        if not self.incremental or self._cut is None or text.special:
             # special tokens come from the post-processor: only a whole-text encode knows where they go
-            yield _Plan([text], [None], None, [text])
+            yield _Plan([text.text], [None], None, [text.text])
             return
-        pieces = [p for p in self._cut.split(text) if p]
+        pieces = [p for p in self._cut.split(text.text) if p]
         yield None
         # key of the text up to each cut: a chain of Python's (SipHash) str hashes, with the length
         # checked on a hit; the pieces' hashes are cached on the str objects for the lookups below
         keys: list[tuple[int, int]] = []
-        key, length = 0, 0
+        key, length = text.base.key if text.base is not None else (0, 0)
+        memo = text.memo
+        if length in memo and text.base is not None:
+            self._seen[memo[length]] = text.base
         for piece in pieces:
             length += len(piece)
             key = hash((key, piece))
             keys.append((key, length))
+            if length in memo:
+                self._seen[memo[length]] = _Seen((key, length), self._is_added(piece))
         yield None
         start, chain = 0, None
         for i in range(len(pieces) - 1, -1, -1):
@@ -341,6 +456,8 @@ class LocalTokenizer:
             if found is not None:
                 start, chain = i + 1, found
                 break
+        if chain is None and text.base is not None:  # the chain at the seen messages' end
+            chain = self._chains.get((text.base.key, block_size, model))
         rest = pieces[start:]
         new = [p for p in dict.fromkeys(rest) if p not in self._pieces and not self._is_added(p)]
         yield _Plan(rest, list(keys[start:]), chain, new)
@@ -350,7 +467,11 @@ class LocalTokenizer:
 
     def _piece_ids(self, plan: _Plan, piece: str) -> tuple[int, ...]:
         ids = plan.fresh.get(piece) or self._pieces.get(piece)
-        if ids is None:  # an added token (never stored), or a piece the LRU dropped meanwhile
+        if ids is None:
+            added = self._added_ids.get(piece)
+            if added is not None:  # an added token is one id (the tokenizer splits on it first)
+                return (added,)
+            # a piece the LRU dropped meanwhile
             ids = tuple(self.tokenizer.encode(piece, add_special_tokens=False).ids)
         return ids
 
@@ -401,6 +522,14 @@ class _Pacer:
         if time.perf_counter() - self.since >= LOOP_SLICE_S:
             await asyncio.sleep(0)
             self.since = time.perf_counter()
+
+    async def run(self, steps: Iterator[_T | None]) -> _T:
+        """The last value of a stepwise computation, pacing between its steps."""
+        out = None
+        for out in steps:  # noqa: B007 - the last value is the result
+            await self.pace()
+        assert out is not None
+        return out
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench import toy_model
-from plugin.local_tokenizer import LocalTokenizer, reference_hashes
+from plugin.local_tokenizer import LocalTokenizer, _last, reference_hashes
 
 MODEL = "m"
 LLAMA3_SPLIT = (
@@ -127,6 +127,7 @@ def _fresh(tok: LocalTokenizer, chunk_chars: int, thread_min_chars: int = 1 << 3
     """`tok` with empty caches and these settings (loading it again per example takes ~0.1 s)."""
     tok._chains.clear()
     tok._pieces.clear()
+    tok._seen.clear()
     tok.chunk_chars, tok.thread_min_chars = chunk_chars, thread_min_chars
     return tok
 
@@ -174,3 +175,33 @@ def test_prompts_that_extend_seen_ones_hash_like_a_whole_encode(
         assert got.cached_tokens <= got.prompt_tokens
         again = tok.blocks(body, MODEL, block)  # the same prompt again: all of it from the caches
         assert list(again.hashes) == expected and again.prompt_tokens == got.prompt_tokens
+
+
+TOOLS = st.one_of(st.none(), st.just([{"type": "function", "function": {"name": "f", "parameters": {}}}]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(name=st.sampled_from(["gpt2-regex/llama3-template", "gpt2-regex/qwen25-template", "qwen2-split"]),
+       system=TEXTS, chat=CHATS, lasts=CHATS, tools=TOOLS, block=st.sampled_from([1, 16]),
+       chunk=st.integers(1, 24))  # fmt: skip
+def test_a_seen_chat_with_another_last_message_is_rendered_from_it_and_hashes_like_a_whole_encode(
+    tokenizers: dict[str, LocalTokenizer],
+    name: str,
+    system: str,
+    chat: list[dict[str, Any]],
+    lasts: list[dict[str, Any]],
+    tools: Any,
+    block: int,
+    chunk: int,
+) -> None:
+    # the benchmark's warm round: a seen chat, sent again with one new message each time
+    tok = _fresh(tokenizers[name], chunk)
+    seen = [{"role": "system", "content": system}, *chat]
+    tok.blocks({"messages": seen, "tools": tools}, MODEL, block)
+    for last in lasts:
+        body = {"messages": [*seen, last], "tools": tools}
+        text = _last(tok._text_steps(body, True))
+        assert text.base is not None and text.base.key[1] > 0  # the seen messages are not rendered again
+        got = asyncio.run(tok.blocks_async(body, MODEL, block))
+        assert list(got.hashes) == reference_hashes(tok, body, MODEL, block)
+        assert got.cached_tokens > 0
