@@ -47,10 +47,22 @@ class PrefixStat:
     since_s: float  # when the prefix moved to `worker` (stickiness window starts here)
     last_s: float  # last request with this prefix
     rate: float  # EWMA request rate (req/s) as of last_s
+    first_s: float = 0.0  # first request with this prefix (the young-rate correction's clock)
 
-    def rate_at(self, now_s: float, half_life_s: float) -> float:
+    def rate_at(self, now_s: float, half_life_s: float, young_floor_s: float = 0.0) -> float:
+        """The EWMA rate at `now_s`. With `young_floor_s` > 0, bias-corrected as `LoadMeter` is: the
+        first request starts the clock and is not counted, the rest are divided by the decayed time
+        since it (at least `young_floor_s`), so k requests within a young prefix's first seconds read
+        (k − 1) ÷ max(age, floor) instead of the k × ln 2 ÷ half-life an EWMA from 0 reads; old
+        prefixes read the plain EWMA. 0 = the plain EWMA."""
         decay: float = 0.5 ** (max(0.0, now_s - self.last_s) / half_life_s)
-        return self.rate * decay
+        ewma = self.rate * decay
+        if young_floor_s <= 0.0:
+            return ewma
+        step = math.log(2) / half_life_s
+        first: float = 0.5 ** (max(0.0, now_s - self.first_s) / half_life_s)  # the first request's weight now
+        window = max(1.0 - first, step * young_floor_s)
+        return max(0.0, ewma - step * first) / window
 
 
 class LoadMeter:
@@ -174,7 +186,7 @@ class RoutingState:
             stat = self.stats.get(prefix_hashes[i])
             if stat is not None:
                 covered_here = covered - sum(block_tokens[i + 1 :])
-                rate = stat.rate_at(now_s, self.config.rate_half_life_s)
+                rate = stat.rate_at(now_s, self.config.rate_half_life_s, self.config.rate_young_floor_s)
                 if covered_here >= need and covered_here > 0:
                     sticky_worker, sticky_since = stat.worker, stat.since_s
                 break
@@ -213,7 +225,7 @@ class RoutingState:
         for h in view.prefix_hashes:
             stat = stats.get(h)
             if stat is None:
-                stats[h] = PrefixStat(worker=worker, since_s=now_s, last_s=now_s, rate=step)
+                stats[h] = PrefixStat(worker=worker, since_s=now_s, last_s=now_s, rate=step, first_s=now_s)
                 continue
             # stat.rate_at(now_s, half_life) inlined (the same float operations: hot loop, one per block)
             if stat.last_s != last_s:
