@@ -120,12 +120,6 @@ class ReplicaConfig:
     proactive: bool = field(
         default=True, metadata={"help": "a hot prefix below the cap replicates onto the least-cost worker"}
     )
-    hot_hold_limit: bool = field(
-        default=False,
-        metadata={
-            "help": "at the cap, a hot prefix may still replicate where a replica costs less than its holders"
-        },
-    )
 
     def __post_init__(self) -> None:
         if isinstance(self.cap, bool) or not isinstance(self.cap, int) or self.cap < 1:

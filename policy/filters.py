@@ -120,21 +120,17 @@ class ReplicaCap:
     ttft: PredictedTtft
     config: ReplicaConfig  # cap, hot_rate_per_s, overload_ttft_s, overload_load_ratio
     cost: ServeCost | None = None
-    window_s: float = 0.0  # the stickiness window: what a new replica's expected requests are counted over
     name: str = "replica-cap"
 
     def filter(self, req: RequestView, workers: Sequence[WorkerView], now_s: float) -> list[WorkerView]:
         holders = [w for w in workers if effective_hit_tokens(req, w.id, self.ttft.min_gain) > 0]
         if len(holders) < self.config.cap:
             return list(workers)
-        hot = req.prefix_rate >= self.config.hot_rate_per_s
         if self.cost is not None:
             non_holders = [w for w in workers if effective_hit_tokens(req, w.id, self.ttft.min_gain) <= 0]
             if holding_costs_more(self.cost, req, holders, non_holders):
                 return list(workers)
-            if hot and self.config.hot_hold_limit and self._replica_cheaper(req, holders, non_holders):
-                return list(workers)
-        if hot:
+        if req.prefix_rate >= self.config.hot_rate_per_s:
             best = min(self.ttft.ttfts(req, holders).values())
             others = [w.inflight for w in workers if effective_hit_tokens(req, w.id, self.ttft.min_gain) <= 0]
             least = min(w.inflight for w in holders)
@@ -145,24 +141,3 @@ class ReplicaCap:
             ):
                 return list(workers)
         return holders
-
-    def _replica_cheaper(
-        self, req: RequestView, holders: Sequence[WorkerView], non_holders: Sequence[WorkerView]
-    ) -> bool:
-        """A hot prefix's holders cost more than a new replica, costed as the policy costs one (its
-        prefill shared by the requests it can expect in the window: `ServeCost.replica_parts`)."""
-        if self.cost is None or not non_holders or self.window_s <= 0.0:
-            return False
-        cost, gain = self.cost, self.ttft.min_gain
-        busy = cost.busy_weight(req, [*holders, *non_holders])
-        hits = {w.id: effective_hit_tokens(req, w.id, gain) for w in [*holders, *non_holders]}
-        kept = max(hits[w.id] for w in holders)
-        expected = replica_expected(req, len(holders), self.window_s)
-        hold = min(cost.parts(req, w, hits[w.id], busy=busy)[2] for w in holders)
-        spread = min(cost.replica_parts(req, w, hits[w.id], kept, expected, busy)[2] for w in non_holders)
-        return hold > spread
-
-
-def replica_expected(req: RequestView, holders: int, window_s: float) -> float:
-    """Requests of the prefix a new replica can expect within `window_s` (rate ÷ (holders + 1))."""
-    return req.prefix_rate * window_s / (holders + 1)

@@ -38,7 +38,7 @@ from functools import cached_property
 
 from policy.article import article_policy
 from policy.config import RoutingConfig
-from policy.filters import Eligible, Filter, HardOverload, ReplicaCap, StickyHold, replica_expected
+from policy.filters import Eligible, Filter, HardOverload, ReplicaCap, StickyHold
 from policy.pickers import MinCost
 from policy.profile import RoutingPolicy, run_filters
 from policy.scorers import ColdStart, PredictedTtft, ServeCost, TtftModel, effective_hit_tokens
@@ -87,7 +87,7 @@ class KvgatePolicy:
         return (
             Eligible(),
             HardOverload(),
-            ReplicaCap(ttft=ttft, config=c.replicas, cost=cost, window_s=c.sticky.window_s),
+            ReplicaCap(ttft=ttft, config=c.replicas, cost=cost),
             StickyHold(ttft=ttft, config=c.sticky, skip_rate_per_s=c.replicas.hot_rate_per_s, cost=cost),
         )
 
@@ -110,11 +110,14 @@ class KvgatePolicy:
         hot = req.prefix_rate >= c.replicas.hot_rate_per_s
         bonus = c.sticky.bonus if (c.sticky.hot_bonus or not hot) else 0.0
         busy = self.cost.busy_weight(req, candidates)
-        expected = self._replica_share(req, hits)
         for w in candidates:
             hit = hits[w.id]
-            # a new replica (kept > hit): its one-time prefill, shared by the requests it will serve
-            ttft_s, miss_s, cost_s = self.cost.replica_parts(req, w, hit, kept[w.id], expected, busy)
+            ttft_s, miss_s, cost_s = self.cost.parts(req, w, hit, kept[w.id], busy)
+            if kept[w.id] > hit:  # a new replica: its one-time prefill, shared by the requests it will serve
+                # (when every worker is busy, that prefill is capacity lost to all: the share shrinks)
+                free_ttft = self.cost.parts(req, w, kept[w.id])[0]
+                share = 1.0 - 1.0 / (1.0 + self._replica_share(req, hits))
+                cost_s -= (ttft_s - free_ttft) * share / (1.0 + busy)
             costs[w.id] = cost_s * (1.0 - cold[w.id])
             if w.id == req.sticky_worker:
                 costs[w.id] *= 1.0 - bonus
@@ -146,7 +149,8 @@ class KvgatePolicy:
 
     def _replica_share(self, req: RequestView, hits: dict[str, int]) -> float:
         """Requests of the prefix a new replica can expect within the stickiness window (rate ÷ replicas)."""
-        return replica_expected(req, sum(1 for h in hits.values() if h > 0), self.config.sticky.window_s)
+        holders = sum(1 for h in hits.values() if h > 0)
+        return req.prefix_rate * self.config.sticky.window_s / (holders + 1)
 
     def _replicate_hot(self, req: RequestView, hits: dict[str, int]) -> bool:
         """Hot prefix with non-holders among the candidates: below the cap, or ReplicaCap found the

@@ -181,20 +181,6 @@ class ServeCost:
     def cost_s(self, req: RequestView, w: WorkerView, busy: float = 0.0) -> float:
         return self.parts(req, w, effective_hit_tokens(req, w.id, self.ttft.min_gain), busy=busy)[2]
 
-    def replica_parts(
-        self, req: RequestView, w: WorkerView, hit: int, kept_hit: int, expected: float, busy: float = 0.0
-    ) -> tuple[float, float, float]:
-        """`parts` of a new replica of a hot prefix on `w` (it holds `hit`, the best holder `kept_hit`):
-        its one-time prefill counts in this request's TTFT, but the cost carries only the share of it
-        not drawn on by the `expected` (≥ 0) later requests the replica can expect, shrunk further by
-        `busy` (when every worker is busy, that prefill is capacity lost to all)."""
-        ttft, miss, cost = self.parts(req, w, hit, kept_hit, busy)
-        if kept_hit > hit:
-            free_ttft = self.parts(req, w, kept_hit)[0]
-            share = 1.0 - 1.0 / (1.0 + max(0.0, expected))
-            cost -= (ttft - free_ttft) * share / (1.0 + busy)
-        return ttft, miss, cost
-
 
 def erlang_c(servers: int, rho: float) -> float:
     """Probability that an arrival waits in an M/M/`servers` queue at utilisation `rho` (1 at ρ ≥ 1),
