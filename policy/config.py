@@ -120,12 +120,6 @@ class ReplicaConfig:
     proactive: bool = field(
         default=True, metadata={"help": "a hot prefix below the cap replicates onto the least-cost worker"}
     )
-    invest_when_busy: bool = field(
-        default=False,
-        metadata={
-            "help": "a replica is an investment only once every holder's queue outlasts what its hit saves"
-        },
-    )
 
     def __post_init__(self) -> None:
         if isinstance(self.cap, bool) or not isinstance(self.cap, int) or self.cap < 1:

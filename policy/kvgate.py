@@ -101,7 +101,7 @@ class KvgatePolicy:
         cold = self._cold_start.score(req, candidates, now_s)
         prompt = max(req.prompt_tokens, 1)
         hits = {w.id: effective_hit_tokens(req, w.id, c.min_cache_gain) for w in candidates}
-        replicate = self._replicate_hot(req, hits) and self._holders_busy(req, candidates, hits)
+        replicate = self._replicate_hot(req, hits)
         # a hot prefix that may grow a replica: the replica's prefill is an investment, not miss work
         # (it still counts in this request's TTFT: that is where it lands)
         kept = dict.fromkeys(hits, max(hits.values())) if replicate else hits
@@ -151,22 +151,6 @@ class KvgatePolicy:
         """Requests of the prefix a new replica can expect within the stickiness window (rate ÷ replicas)."""
         holders = sum(1 for h in hits.values() if h > 0)
         return req.prefix_rate * self.config.sticky.window_s / (holders + 1)
-
-    def _holders_busy(self, req: RequestView, candidates: Sequence[WorkerView], hits: dict[str, int]) -> bool:
-        """With `replicas.invest_when_busy`: even the least-waiting holder's queued prefill takes longer
-        than what its hit saves this request (its cold prefill − its prefill after the hit). Before
-        that, serving the request on a holder is cheaper for the request itself, a replica would be
-        no investment but a flap (bench/sim/hot_prefix.py counts exactly that), so none is made."""
-        if not self.config.replicas.invest_when_busy:
-            return True
-        model = self.ttft.model
-        cold = model.own_prefill_s(req.prompt_tokens, 0)
-        return all(
-            model.wait_s(w) - model.overhead_s
-            > cold - model.own_prefill_s(req.prompt_tokens - hits[w.id], hits[w.id])
-            for w in candidates
-            if hits[w.id] > 0
-        )
 
     def _replicate_hot(self, req: RequestView, hits: dict[str, int]) -> bool:
         """Hot prefix with non-holders among the candidates: below the cap, or ReplicaCap found the
