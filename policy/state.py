@@ -49,20 +49,19 @@ class PrefixStat:
     rate: float  # EWMA request rate (req/s) as of last_s
     first_s: float = 0.0  # first request with this prefix (the young-rate correction's clock)
 
-    def rate_at(self, now_s: float, half_life_s: float, young_floor_s: float = 0.0) -> float:
-        """The EWMA rate at `now_s`. With `young_floor_s` > 0, bias-corrected as `LoadMeter` is: the
-        first request starts the clock and is not counted, the rest are divided by the decayed time
-        since it (at least `young_floor_s`), so k requests within a young prefix's first seconds read
-        (k − 1) ÷ max(age, floor) instead of the k × ln 2 ÷ half-life an EWMA from 0 reads; old
-        prefixes read the plain EWMA. 0 = the plain EWMA."""
+    def rate_at(self, now_s: float, half_life_s: float, young_window_s: float = 0.0) -> float:
+        """The EWMA rate at `now_s`. Within `young_window_s` of the prefix's first request, at least its
+        requests after the first ÷ the window: k requests in a young prefix's first seconds read
+        ≥ (k − 1) ÷ window instead of the k × ln 2 ÷ half-life an EWMA from 0 reads (a shared prompt
+        hit by a burst is hot before its EWMA knows it). Older prefixes read the plain EWMA, so the
+        evidence window is short and its effect bounded. 0 = the plain EWMA always."""
         decay: float = 0.5 ** (max(0.0, now_s - self.last_s) / half_life_s)
         ewma = self.rate * decay
-        if young_floor_s <= 0.0:
+        if now_s - self.first_s >= young_window_s:
             return ewma
         step = math.log(2) / half_life_s
         first: float = 0.5 ** (max(0.0, now_s - self.first_s) / half_life_s)  # the first request's weight now
-        window = max(1.0 - first, step * young_floor_s)
-        return max(0.0, ewma - step * first) / window
+        return max(ewma, (ewma - step * first) / (step * young_window_s))
 
 
 class LoadMeter:
@@ -186,7 +185,7 @@ class RoutingState:
             stat = self.stats.get(prefix_hashes[i])
             if stat is not None:
                 covered_here = covered - sum(block_tokens[i + 1 :])
-                rate = stat.rate_at(now_s, self.config.rate_half_life_s, self.config.rate_young_floor_s)
+                rate = stat.rate_at(now_s, self.config.rate_half_life_s, self.config.rate_young_window_s)
                 if covered_here >= need and covered_here > 0:
                     sticky_worker, sticky_since = stat.worker, stat.since_s
                 break

@@ -276,14 +276,14 @@ def test_a_prefix_hot_from_its_first_seconds_replicates_instead_of_being_held() 
     # one shared prompt, 4 requests within 0.3 s, all placed on a: its 4th finds a with 3 s of queued
     # prefill. With the plain EWMA the prefix reads 4 × ln 2 / 30 s = 0.09 req/s (not hot: the sticky
     # window holds it on a, 3 + 0 s < b's 2 s + 2 s recompute); counted from its first request it
-    # reads 3 / max(0.3 s, 2 s) = 1.5 req/s: hot, so the sticky window leaves it to the replica rules
+    # reads 3 / 2 s (the young window) = 1.5 req/s: hot, so the sticky window leaves it to the replica rules
     # and b, with the replica's prefill shared by the requests it can expect, wins.
     workers = [w("a", 3000), w("b", 0)]
     picks = {}
     for floor in (0.0, 2.0):
         config = dataclasses.replace(
             CONFIG,
-            rate_young_floor_s=floor,
+            rate_young_window_s=floor,
             ttft=dataclasses.replace(CONFIG.ttft, miss_weight=1.0),
             replicas=ReplicaConfig(hot_rate_per_s=0.3),
         )
