@@ -57,7 +57,7 @@ class PrefixStat:
         evidence window is short and its effect bounded. 0 = the plain EWMA always."""
         decay: float = 0.5 ** (max(0.0, now_s - self.last_s) / half_life_s)
         ewma = self.rate * decay
-        if now_s - self.first_s >= young_window_s:
+        if young_window_s <= 0.0 or now_s - self.first_s >= young_window_s:
             return ewma
         step = math.log(2) / half_life_s
         first: float = 0.5 ** (max(0.0, now_s - self.first_s) / half_life_s)  # the first request's weight now
