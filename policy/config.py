@@ -166,6 +166,12 @@ class RoutingConfig:
         0.0, 1.0, 0.3, "cache hits below this share of the prompt are ignored (0–1)"
     )
     rate_half_life_s: float = _within(0.001, 86_400.0, 30.0, "EWMA half-life of prefix request rates")
+    rate_young_window_s: float = _within(
+        0.0,
+        3600.0,
+        0.0,
+        "within this of a prefix's first request its rate is at least its later requests ÷ this",
+    )
     stats_max_entries: int = field(default=1_000_000, metadata={"help": "prefix stats kept (LRU)"})
     ttft: TtftModelConfig = field(default_factory=TtftModelConfig)
     sticky: StickyConfig = field(default_factory=StickyConfig)

@@ -47,10 +47,21 @@ class PrefixStat:
     since_s: float  # when the prefix moved to `worker` (stickiness window starts here)
     last_s: float  # last request with this prefix
     rate: float  # EWMA request rate (req/s) as of last_s
+    first_s: float = 0.0  # first request with this prefix (the young-rate correction's clock)
 
-    def rate_at(self, now_s: float, half_life_s: float) -> float:
+    def rate_at(self, now_s: float, half_life_s: float, young_window_s: float = 0.0) -> float:
+        """The EWMA rate at `now_s`. Within `young_window_s` of the prefix's first request, at least its
+        requests after the first ÷ the window: k requests in a young prefix's first seconds read
+        ≥ (k − 1) ÷ window instead of the k × ln 2 ÷ half-life an EWMA from 0 reads (a shared prompt
+        hit by a burst is hot before its EWMA knows it). Older prefixes read the plain EWMA, so the
+        evidence window is short and its effect bounded. 0 = the plain EWMA always."""
         decay: float = 0.5 ** (max(0.0, now_s - self.last_s) / half_life_s)
-        return self.rate * decay
+        ewma = self.rate * decay
+        if young_window_s <= 0.0 or now_s - self.first_s >= young_window_s:
+            return ewma
+        step = math.log(2) / half_life_s
+        first: float = 0.5 ** (max(0.0, now_s - self.first_s) / half_life_s)  # the first request's weight now
+        return max(ewma, (ewma - step * first) / (step * young_window_s))
 
 
 class LoadMeter:
@@ -174,7 +185,7 @@ class RoutingState:
             stat = self.stats.get(prefix_hashes[i])
             if stat is not None:
                 covered_here = covered - sum(block_tokens[i + 1 :])
-                rate = stat.rate_at(now_s, self.config.rate_half_life_s)
+                rate = stat.rate_at(now_s, self.config.rate_half_life_s, self.config.rate_young_window_s)
                 if covered_here >= need and covered_here > 0:
                     sticky_worker, sticky_since = stat.worker, stat.since_s
                 break
@@ -213,7 +224,7 @@ class RoutingState:
         for h in view.prefix_hashes:
             stat = stats.get(h)
             if stat is None:
-                stats[h] = PrefixStat(worker=worker, since_s=now_s, last_s=now_s, rate=step)
+                stats[h] = PrefixStat(worker=worker, since_s=now_s, last_s=now_s, rate=step, first_s=now_s)
                 continue
             # stat.rate_at(now_s, half_life) inlined (the same float operations: hot loop, one per block)
             if stat.last_s != last_s:

@@ -8,9 +8,11 @@ import random
 import pytest
 
 from policy.config import ColdStartConfig, ReplicaConfig, RoutingConfig, StickyConfig, TtftModelConfig
+from policy.index import PrefixIndex
 from policy.kvgate import KvgatePolicy, build_policy
 from policy.profile import Profile
-from policy.types import RequestView, WorkerView
+from policy.state import RoutingState
+from policy.types import Decision, RequestView, WorkerView
 
 # 1000 prefill tokens/s, no decode slowdown, no overhead: predicted TTFT is easy to compute by hand
 CONFIG = RoutingConfig(
@@ -275,3 +277,37 @@ def test_a_recompute_is_charged_by_what_it_displaces_at_the_cluster_load() -> No
         queueing.decide(req({"a": 4}, cluster_load=1.0, **sticky), workers, random.Random(0), 0.0).worker
         == "a"
     )
+
+
+def test_a_prefix_hot_from_its_first_seconds_replicates_instead_of_being_held() -> None:
+    # one shared prompt, 4 requests within 0.3 s, all placed on a: its 4th finds a with 3 s of queued
+    # prefill. With the plain EWMA the prefix reads 4 × ln 2 / 30 s = 0.09 req/s (not hot: the sticky
+    # window holds it on a, 3 + 0 s < b's 2 s + 2 s recompute); counted from its first request it
+    # reads 3 / 2 s (the young window) = 1.5 req/s: hot, so the sticky window leaves it to the replica rules
+    # and b, with the replica's prefill shared by the requests it can expect, wins.
+    workers = [w("a", 3000), w("b", 0)]
+    picks = {}
+    for floor in (0.0, 2.0):
+        config = dataclasses.replace(
+            CONFIG,
+            rate_young_window_s=floor,
+            ttft=dataclasses.replace(CONFIG.ttft, miss_weight=1.0),
+            replicas=ReplicaConfig(hot_rate_per_s=0.3),
+        )
+        state = RoutingState(config, PrefixIndex(1000))
+        view = None
+        for i in range(4):
+            view = state.prepare(
+                request_id=f"r{i}",
+                prefix_hashes=[1, 2, 3, 4],
+                block_tokens=[500, 500, 500, 500],
+                prompt_tokens=2000,
+                workers=workers,
+                now_s=0.1 * i,
+            )
+            if i < 3:
+                state.commit(view, Decision(worker="a", reason="test"), 0.1 * i)
+        assert view is not None
+        picks[floor] = KvgatePolicy(config).decide(view, workers, random.Random(0), 0.3)
+    assert picks[0.0].worker == "a" and "sticky" in picks[0.0].reason
+    assert picks[2.0].worker == "b" and "replica" in picks[2.0].reason

@@ -98,6 +98,37 @@ def test_rate_estimate_reads_the_steady_arrival_rate() -> None:
     assert math.isclose(view.prefix_rate, 2.0, rel_tol=0.05)
 
 
+def _rate(state: RoutingState, now_s: float) -> float:
+    view = state.prepare(
+        request_id="r", prefix_hashes=[1], block_tokens=[100], prompt_tokens=100, workers=WORKERS, now_s=now_s
+    )
+    return view.prefix_rate
+
+
+def test_young_prefix_rate_reads_its_arrivals_since_the_first_without_warm_up() -> None:
+    plain, young = make_state(), make_state(rate_young_window_s=2.0)
+    for state in (plain, young):
+        for i in range(5):
+            route(state, [1], [100], "a", now_s=i * 0.25)  # 4 req/s for 1 s
+    # the plain EWMA from 0 still reads 5 × ln 2 / 30 s (0.12 req/s: not hot); the young rate counts
+    # the 4 requests after the first over the 2 s window
+    assert math.isclose(_rate(plain, 1.0), 5 * math.log(2) / 30, rel_tol=0.05)
+    assert math.isclose(_rate(young, 1.0), 2.0, rel_tol=0.02)
+    assert _rate(young, 2.5) == _rate(plain, 2.5)  # past the window: the plain EWMA
+
+
+def test_young_prefix_rate_is_the_plain_ewma_after_one_request_and_when_old() -> None:
+    plain, young = make_state(), make_state(rate_young_window_s=2.0)
+    for state in (plain, young):
+        route(state, [1], [100], "a", now_s=0.0)
+    assert _rate(young, 0.1) == _rate(plain, 0.1)  # one request: no evidence of a rate yet
+    for state in (plain, young):
+        for i in range(1, 400):
+            route(state, [1], [100], "a", now_s=i * 0.5)  # 2 req/s for 200 s (≈ 7 half-lives)
+    assert _rate(young, 200.0) == _rate(plain, 200.0)
+    assert math.isclose(_rate(young, 200.0), 2.0, rel_tol=0.05)
+
+
 def test_hits_only_for_candidate_workers_and_rejections_not_recorded() -> None:
     state = make_state()
     route(state, [1], [100], "gone", now_s=0.0)
