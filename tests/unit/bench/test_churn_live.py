@@ -36,7 +36,8 @@ def test_the_plan_offers_the_asked_load_of_the_engine_models_cold_capacity(token
     raw = build(1, 60, 8, 300, 16)
     p = plan(raw, tokenizer, 1500, 1.6, 4.0)
     # in model seconds (wall / time scale), by the simulator's own rule, at the workers' token counts
-    sim = [SimRequest(i, r.send_at_s / 4.0, n, 16, (), ()) for i, ((r, _), n) in enumerate(zip(p.requests, p.input_tokens, strict=True))]  # fmt: skip
+    timed = zip(p.requests, p.input_tokens, strict=True)
+    sim = [SimRequest(i, r.send_at_s / 4.0, n, 16, (), ()) for i, ((r, _), n) in enumerate(timed)]
     assert offered_load(load_profile(PROFILE), sim, WORKERS) == pytest.approx(1.6)
     assert p.rate_model_rps == pytest.approx(1.6 * p.cold_capacity_rps)
     slower = plan(raw, tokenizer, 1500, 0.8, 4.0)
