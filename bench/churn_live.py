@@ -183,6 +183,9 @@ def run(
         "bypass_errors": float(sum(not r.ok for r in bypass)),
         "bypass": float(len(bypass)),
         "wall_s": wall,
+        # the routed requests' own cached share (usage.prompt_tokens_details) and where they went
+        "routed_hit": sum(r.cached_tokens for r in results) / max(1, sum(r.prompt_tokens for r in results)),
+        "by_worker": dict(sorted(Counter(str(r.worker) for r in results).items())),
         "error_kinds": dict(Counter(f"{r.status} {r.error}"[:80] for r in [*results, *bypass] if not r.ok)),
     }
 
