@@ -167,7 +167,7 @@ class WorkerAgent:
 
     async def clear_index(self) -> None:
         if self.consumer is not None:
-            self.consumer.keys.reset()
+            self.consumer.forget()
         for model in self.models:
             await index_store.clear_worker(self.redis, model, self.config.id)
 

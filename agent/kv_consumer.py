@@ -197,6 +197,17 @@ class KvEventConsumer:
             self._ctx = None
             ctx.term()
 
+    def forget(self) -> None:
+        """The agent saw its worker restart: the new process's publisher numbers its batches from 0 again,
+        and nothing it held is cached any more. Drop every rank's chains, holders and last sequence
+        number, so the next batch counts as the first. (Keeping the old last number would skip the new
+        publisher's batches as "late" while they trail it by at most LATE_WINDOW.)"""
+        for rank in self.ranks:
+            rank.keys.reset()
+        if self._holders is not None:
+            self._holders.clear()
+        self.stats.last_seq.clear()
+
     async def handle_message(self, frames: Sequence[bytes], rank: int = 0) -> None:
         """One ZMQ message: `[topic, seq, payload]` (a 2-frame `[seq, payload]` is accepted too)."""
         if len(frames) not in (2, 3) or len(frames[-2]) != 8:

@@ -70,6 +70,8 @@ class Process:
     name: str
     proc: subprocess.Popen[bytes]
     log: Path
+    args: tuple[str, ...] = ()
+    env: dict[str, str] | None = None
 
     def stop(self, grace_s: float = 10.0) -> None:
         stop_process(self.proc, grace_s)
@@ -99,17 +101,34 @@ class Stack:
         self.redis = EmbeddedRedis().start()
         return self.redis.url
 
-    def spawn(self, name: str, args: Sequence[str], env: dict[str, str] | None = None) -> Process:
+    def spawn(
+        self, name: str, args: Sequence[str], env: dict[str, str] | None = None, *, log_mode: str = "wb"
+    ) -> Process:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"{name}.log"
-        with log.open("wb") as out:
+        with log.open(log_mode) as out:
             proc = subprocess.Popen(
                 list(args), stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                 start_new_session=self.own_sessions,
             )  # fmt: skip
-        process = Process(name, proc, log)
+        process = Process(name, proc, log, tuple(args), env)
         self.processes.append(process)
         return process
+
+    def restart(self, name: str, *, kill: bool = True, ready_url: str | None = None) -> None:
+        """Stop process `name` (SIGKILL when `kill`: a crash; else SIGTERM and its drain) and start it
+        again with the same command line, hence on the same port; its log is appended to. `ready_url`:
+        poll it until the new process answers."""
+        old = next(p for p in self.processes if p.name == name)
+        if kill:
+            old.proc.kill()
+            old.proc.wait()
+        else:
+            old.stop()
+        self.processes.remove(old)
+        new = self.spawn(name, old.args, old.env, log_mode="ab")
+        if ready_url is not None:
+            wait_http_ok(ready_url, 30, new.proc)
 
     def start_worker(self, worker_id: str, *, model: str, profile: str, time_scale: float,
                      extra: Sequence[str] = ()) -> str:  # fmt: skip
