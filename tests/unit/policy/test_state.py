@@ -133,7 +133,10 @@ def test_young_rate_needs_more_than_one_conversations_next_turn() -> None:
     # an agent's tool loop: a turn every 0.7 s, each extending the last inside its final block, so the
     # turns share every full block. Its next turn is one request after the first: one gap, not a rate
     # of many requests arriving together; with the 2 s window it would read 1 / 2 s = 0.5 req/s (hot).
-    one, two = make_state(rate_young_window_s=2.0, rate_young_min_requests=1), make_state(rate_young_window_s=2.0)
+    one, two = (
+        make_state(rate_young_window_s=2.0, rate_young_min_requests=1),
+        make_state(rate_young_window_s=2.0),
+    )
     plain = make_state()
     for state in (one, two, plain):
         route(state, [1], [100], "a", now_s=0.0)
