@@ -69,9 +69,8 @@ class PrefixStat:
             return ewma
         step = math.log(2) / half_life_s
         first: float = 0.5 ** (max(0.0, now_s - self.first_s) / half_life_s)  # the first request's weight now
-        later = (
-            ewma - step * first
-        ) / step  # the later requests, each weighted ≥ `first` (all in the window)
+        # the requests after the first, each weighted at least `first` (all of them inside the window)
+        later = (ewma - step * first) / step
         if later < young_min_requests * first * (1.0 - 1e-9):
             return ewma
         return max(ewma, later / young_window_s)
