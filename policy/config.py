@@ -172,6 +172,12 @@ class RoutingConfig:
         0.0,
         "within this of a prefix's first request its rate is at least its later requests ÷ this",
     )
+    rate_young_min_requests: int = _within(
+        1,
+        1_000_000,
+        2,
+        "the young window's reading needs at least this many requests after the prefix's first",
+    )
     stats_max_entries: int = field(default=1_000_000, metadata={"help": "prefix stats kept (LRU)"})
     ttft: TtftModelConfig = field(default_factory=TtftModelConfig)
     sticky: StickyConfig = field(default_factory=StickyConfig)

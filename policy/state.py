@@ -49,19 +49,31 @@ class PrefixStat:
     rate: float  # EWMA request rate (req/s) as of last_s
     first_s: float = 0.0  # first request with this prefix (the young-rate correction's clock)
 
-    def rate_at(self, now_s: float, half_life_s: float, young_window_s: float = 0.0) -> float:
+    def rate_at(
+        self, now_s: float, half_life_s: float, young_window_s: float = 0.0, young_min_requests: int = 1
+    ) -> float:
         """The EWMA rate at `now_s`. Within `young_window_s` of the prefix's first request, at least its
         requests after the first ÷ the window: k requests in a young prefix's first seconds read
         ≥ (k − 1) ÷ window instead of the k × ln 2 ÷ half-life an EWMA from 0 reads (a shared prompt
         hit by a burst is hot before its EWMA knows it). Older prefixes read the plain EWMA, so the
-        evidence window is short and its effect bounded. 0 = the plain EWMA always."""
+        evidence window is short and its effect bounded. 0 = the plain EWMA always.
+
+        The young reading needs `young_min_requests` requests after the first inside the window: it is
+        for a prefix MANY requests share at once, and one conversation's next turn or two (an agent's
+        tool loop sends a turn every 0.5–1 s, each extending the last within its final block, so they
+        share every full block) would otherwise read 1 ÷ window, hot at a 2 s window (docs/BENCHMARKS.md,
+        "the young rate for many requests only", session 8). Fewer: the plain EWMA."""
         decay: float = 0.5 ** (max(0.0, now_s - self.last_s) / half_life_s)
         ewma = self.rate * decay
         if young_window_s <= 0.0 or now_s - self.first_s >= young_window_s:
             return ewma
         step = math.log(2) / half_life_s
         first: float = 0.5 ** (max(0.0, now_s - self.first_s) / half_life_s)  # the first request's weight now
-        return max(ewma, (ewma - step * first) / (step * young_window_s))
+        # the requests after the first, each weighted at least `first` (all of them inside the window)
+        later = (ewma - step * first) / step
+        if later < young_min_requests * first * (1.0 - 1e-9):
+            return ewma
+        return max(ewma, later / young_window_s)
 
 
 class LoadMeter:
@@ -185,7 +197,12 @@ class RoutingState:
             stat = self.stats.get(prefix_hashes[i])
             if stat is not None:
                 covered_here = covered - sum(block_tokens[i + 1 :])
-                rate = stat.rate_at(now_s, self.config.rate_half_life_s, self.config.rate_young_window_s)
+                rate = stat.rate_at(
+                    now_s,
+                    self.config.rate_half_life_s,
+                    self.config.rate_young_window_s,
+                    self.config.rate_young_min_requests,
+                )
                 if covered_here >= need and covered_here > 0:
                     sticky_worker, sticky_since = stat.worker, stat.since_s
                 break

@@ -129,6 +129,26 @@ def test_young_prefix_rate_is_the_plain_ewma_after_one_request_and_when_old() ->
     assert math.isclose(_rate(young, 200.0), 2.0, rel_tol=0.05)
 
 
+def test_young_rate_needs_more_than_one_conversations_next_turn() -> None:
+    # an agent's tool loop: a turn every 0.7 s, each extending the last inside its final block, so the
+    # turns share every full block. Its next turn is one request after the first: one gap, not a rate
+    # of many requests arriving together; with the 2 s window it would read 1 / 2 s = 0.5 req/s (hot).
+    one, two = (
+        make_state(rate_young_window_s=2.0, rate_young_min_requests=1),
+        make_state(rate_young_window_s=2.0),
+    )
+    plain = make_state()
+    for state in (one, two, plain):
+        route(state, [1], [100], "a", now_s=0.0)
+        route(state, [1], [100], "a", now_s=0.7)
+    assert math.isclose(_rate(one, 1.4), 0.5, rel_tol=0.02)  # min 1: the old reading, hot
+    assert _rate(two, 1.4) == _rate(plain, 1.4) < 0.1  # the default (2): the plain EWMA
+    for state in (one, two):
+        route(state, [1], [100], "a", now_s=0.8)  # a third request in the window: two after the first
+    assert math.isclose(_rate(two, 1.4), 1.0, rel_tol=0.03)
+    assert _rate(two, 1.4) == _rate(one, 1.4)
+
+
 def test_hits_only_for_candidate_workers_and_rejections_not_recorded() -> None:
     state = make_state()
     route(state, [1], [100], "gone", now_s=0.0)
