@@ -79,22 +79,25 @@ async def warm_rounds(
 class Stepped:
     """Awaits a coroutine and times each of its steps on the loop (from one suspension to the next) in
     CPU time of the loop thread: the longest is what the code itself holds the loop for, without the
-    waits for a core or the GIL that a busy machine adds to the ticker's lateness."""
+    waits for a core or the GIL that a busy machine adds to the ticker's lateness. `walls` are the same
+    steps in wall time: a step that waits for a GIL-releasing encode on the loop thread is long there."""
 
     def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
-        self.coro, self.steps = coro, cast(list[float], [])
+        self.coro, self.steps, self.walls = coro, cast(list[float], []), cast(list[float], [])
 
     def __await__(self) -> Generator[Any, Any, Any]:
         send: Any = None
         thrown: BaseException | None = None
         while True:
-            started = time.thread_time()
+            started, wall = time.thread_time(), time.perf_counter()
             try:
                 awaited = self.coro.send(send) if thrown is None else self.coro.throw(thrown)
             except StopIteration as done:
                 self.steps.append(time.thread_time() - started)
+                self.walls.append(time.perf_counter() - wall)
                 return done.value
             self.steps.append(time.thread_time() - started)
+            self.walls.append(time.perf_counter() - wall)
             try:
                 send, thrown = (yield awaited), None
             except BaseException as e:  # cancellation: the coroutine gets it where it waits
@@ -103,11 +106,12 @@ class Stepped:
 
 async def cold_rounds(
     directory: Path, tokens: int, rounds: int
-) -> tuple[list[float], list[float], list[float], list[float], int]:
+) -> tuple[list[float], list[float], list[float], list[float], list[float], int]:
     """Per round a fresh tokenizer and a new chat; the ticker's lateness samples while it runs, and the
     CPU time of each step of the tokenizer's coroutine on the loop (`Stepped`)."""
     lateness: list[float] = []
     steps: list[float] = []
+    walls: list[float] = []
     durations: list[float] = []
     running = asyncio.Event()
 
@@ -137,10 +141,11 @@ async def cold_rounds(
             await stepped
             durations.append(time.perf_counter() - started)
             steps += stepped.steps
+            walls += stepped.walls
             running.clear()
     finally:
         task.cancel()
-    return durations, lateness, steps, idle, prompt_tokens
+    return durations, lateness, steps, walls, idle, prompt_tokens
 
 
 async def run(
@@ -154,7 +159,7 @@ async def run(
     tok = LocalTokenizer.load(directory)  # measured from a clean cache holding only the prefix
     extra_words = max(1, int((prompt_tokens - prefix_tokens) / per_word))
     times, cpu, loop_cpu, encode, last = await warm_rounds(tok, prefix, extra_words, rounds)
-    cold_times, lateness, steps, idle, cold_tokens = await cold_rounds(directory, prompt_tokens, cold)
+    cold_times, lateness, steps, walls, idle, cold_tokens = await cold_rounds(directory, prompt_tokens, cold)
     whole = LocalTokenizer.load(directory)
     text, special = whole.prompt_text({"messages": prefix})
     started = time.perf_counter()
@@ -172,6 +177,7 @@ async def run(
         "loop_stall_idle_p99": quantile(idle, 0.99) if idle else 0.0,  # the ticker with nothing to wait for
         "loop_step_cpu_p99": quantile(steps, 0.99),  # CPU of one step of the cold tokenizations on the loop
         "loop_step_cpu_max": max(steps),
+        "loop_step_wall_max": max(walls),  # the same steps in wall time (an encode on the loop thread)
         "loop_steps": len(steps) / cold,  # steps per cold prompt
         "cold_prompt_tokens": cold_tokens,
         "cold_p50": statistics.median(cold_times),
