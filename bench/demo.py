@@ -44,18 +44,24 @@ def gateway_config(policy: str, model: str, on_worker_full: str = "reroute") -> 
     return f'[routing]\npolicy = "{policy}"\n\n[models."{model}"]\non_worker_full = "{on_worker_full}"\n'
 
 
-def prefix_cache_counters(worker_urls: list[str]) -> tuple[float, float]:
-    """Sum of vllm:prefix_cache_hits_total and vllm:prefix_cache_queries_total over the workers."""
-    hits = queries = 0.0
+def worker_metric_sums(worker_urls: list[str], *names: str) -> list[float]:
+    """Each named metric's value summed over every series of every worker's /metrics."""
+    sums = dict.fromkeys(names, 0.0)
     for url in worker_urls:
         with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
             text = resp.read().decode()
         for line in text.splitlines():
             name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name == "vllm:prefix_cache_hits_total":
-                hits += float(line.rsplit(" ", 1)[1])
-            elif name == "vllm:prefix_cache_queries_total":
-                queries += float(line.rsplit(" ", 1)[1])
+            if name in sums:
+                sums[name] += float(line.rsplit(" ", 1)[1])
+    return [sums[n] for n in names]
+
+
+def prefix_cache_counters(worker_urls: list[str]) -> tuple[float, float]:
+    """Sum of vllm:prefix_cache_hits_total and vllm:prefix_cache_queries_total over the workers."""
+    hits, queries = worker_metric_sums(
+        worker_urls, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
+    )
     return hits, queries
 
 

@@ -42,6 +42,7 @@ from bench.demo import (
     prefix_cache_counters,
     reset_caches,
     summarize,
+    worker_metric_sums,
 )
 from bench.emulator import tokenizer as fake
 from bench.live_scenarios import TenantPromptsScenario
@@ -85,16 +86,9 @@ def gateway_metrics(metrics_url: str) -> dict[str, float]:
 def worker_ttft(worker_urls: list[str]) -> tuple[float, float]:
     """Sum and count of the workers' own vllm:time_to_first_token_seconds (from the request's arrival
     at the worker, its own tokenization excluded)."""
-    total = count = 0.0
-    for url in worker_urls:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        for line in text.splitlines():
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name == "vllm:time_to_first_token_seconds_sum":
-                total += float(line.rsplit(" ", 1)[1])
-            elif name == "vllm:time_to_first_token_seconds_count":
-                count += float(line.rsplit(" ", 1)[1])
+    total, count = worker_metric_sums(
+        worker_urls, "vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count"
+    )
     return total, count
 
 
