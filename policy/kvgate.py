@@ -124,8 +124,6 @@ class KvgatePolicy:
             scores[w.id] = {
                 "prefix-match": hit / prompt,
                 "predicted-ttft": ttft_s,
-                # the wait before its own prefill, at least the lateness the queue shows (the door's guard)
-                "queue-wait": self.ttft.model.wait_s(w, late=True),
                 "miss-work": miss_s,
                 "cold-start": cold[w.id],
                 "cost": costs[w.id],
@@ -133,6 +131,10 @@ class KvgatePolicy:
         if req.session_worker is not None:  # explicit session affinity: one separate term (policy/session.py)
             self._session.adjust(req, candidates, hits, costs, scores)
         winner = MinCost().pick(costs, rng)
+        # the wait before its own prefill, at least the lateness its queue shows: read by the door's guard
+        # (plugin/placement.py) for the chosen worker only, so computed for it alone
+        chosen = next(w for w in candidates if w.id == winner)
+        scores[winner]["queue-wait"] = self.ttft.model.wait_s(chosen, late=True)
         if replicate:
             narrowed = [*narrowed, "replicate"]
         if scores[winner].get(DECIDED):
