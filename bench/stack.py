@@ -157,7 +157,10 @@ class Stack:
         url = f"http://127.0.0.1:{port}"
         wait_http_ok(f"{url}/readyz", 60, process.proc)
         self.gateway_urls.append(url)
-        self.metrics_urls[url] = f"http://127.0.0.1:{metrics_port}"
+        if "--metrics-port" not in extra:
+            self.metrics_urls[url] = f"http://127.0.0.1:{metrics_port}"
+            # the metrics port's /readyz reads a snapshot the loop's refresher writes a moment later
+            wait_http_ok(f"{self.metrics_urls[url]}/readyz", 30, process.proc)
         return url
 
     def stop_process(self, name: str) -> None:
