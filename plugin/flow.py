@@ -219,3 +219,22 @@ def put_headers(headers: http.Headers, pairs: Sequence[tuple[str, str]]) -> None
 
 def now_s() -> float:
     return time.monotonic()
+
+
+def header(message: http.Message, name: bytes) -> str | None:
+    """`message.headers.get(name)` for a lower-case `name`: the values of its fields, folded with ", "
+    (None when absent), from one pass over the field list without mitmproxy's per-field calls."""
+    values = [
+        v.decode("utf-8", "surrogateescape") for n, v in message.data.headers.fields if n.lower() == name
+    ]
+    return ", ".join(values) if values else None
+
+
+def body_of(message: http.Message) -> bytes | None:
+    """`message.content`: the body decoded by its Content-Encoding; without one (the common case), the
+    raw body as `Message.get_content` returns it, read without its header lookup."""
+    data = message.data
+    for name, _ in data.headers.fields:
+        if name.lower() == b"content-encoding":
+            return message.content
+    return data.content

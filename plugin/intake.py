@@ -111,7 +111,10 @@ class Intake:
                     "request %s: tenant %s asked above its max_band; clamped to %s",
                     state.request_id, state.caller.tenant, state.caller.band.name.lower(),
                 )  # fmt: skip
-            parsed = parse_completion(endpoint, request.content or b"", ctx.config.limits)
+            # `request.content` (decoded by its Content-Encoding), read without its header lookup when
+            # there is none
+            body = request.content if "content-encoding" in headers else request.data.content
+            parsed = parse_completion(endpoint, body or b"", ctx.config.limits)
             state.parsed = parsed
             if not ctx.workers.known(parsed.model):
                 raise GatewayError(

@@ -21,7 +21,7 @@ from mitmproxy import http
 
 from plugin.context import GatewayContext
 from plugin.decision_log import Blocks
-from plugin.flow import NOT_HELD, FlowState, put_headers, state_of
+from plugin.flow import NOT_HELD, FlowState, body_of, header, put_headers, state_of
 from plugin.metrics import outcome_of
 from plugin.streaming import SseMeter, Usage
 
@@ -59,7 +59,7 @@ class Release:
             put_headers(response.headers, ours)
         if state.route is None:
             return  # answered locally
-        if response.headers.get("content-type", "").startswith("text/event-stream"):
+        if (header(response, b"content-type") or "").startswith("text/event-stream"):
             parsed = state.parsed
             strip = bool(parsed and parsed.stream and not parsed.include_usage and state.usage_requested)
             route = state.route
@@ -144,7 +144,7 @@ class Release:
         if state.meter is not None:
             usage = state.meter.finish()
         elif flow.response is not None and status < 400:
-            content = flow.response.content  # decoded on every access: once
+            content = body_of(flow.response)  # decoded on every access: once
             usage = state.parsed.endpoint.meter_body(content) if content is not None else None
         else:
             usage = None
