@@ -212,13 +212,13 @@ def _log_redis_failure(where: str, error: BaseException) -> None:
 def put_headers(headers: http.Headers, pairs: Sequence[tuple[str, str]]) -> None:
     """`headers[name] = value` for each (lower-case name, value), in one rebuild of the field list
     instead of one per header (a header already present is replaced; ours go last)."""
-    new = tuple((name.encode(), value.encode("utf-8", "surrogateescape")) for name, value in pairs)
+    new = tuple([(name.encode(), value.encode("utf-8", "surrogateescape")) for name, value in pairs])
     names = {name for name, _ in new}
-    headers.fields = tuple(f for f in headers.fields if f[0].lower() not in names) + new
+    headers.fields = tuple([f for f in headers.fields if f[0].lower() not in names]) + new
 
 
-def now_s() -> float:
-    return time.monotonic()
+# time.monotonic itself, not a function calling it: one Python call less each time (4 per request)
+now_s: Callable[[], float] = time.monotonic
 
 
 def header(message: http.Message, name: bytes) -> str | None:
