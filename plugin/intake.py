@@ -11,8 +11,8 @@ reaches admission, routing or the fallback upstream.
 from __future__ import annotations
 
 import logging
+import os
 import re
-import secrets
 from time import perf_counter_ns
 
 from mitmproxy import http
@@ -65,7 +65,7 @@ def correlation_id(value: str | None) -> str:
 def lease_id(correlation: str) -> str:
     """A lease id of the gateway's own: 64 random bits, after the client's correlation id if any, so
     a client reusing an `x-request-id` never shares or takes over another request's lease."""
-    token = secrets.token_hex(8)
+    token = os.urandom(8).hex()  # secrets.token_hex(8) without its two Python calls (the same source)
     return f"{correlation}.{token}" if correlation else token
 
 
