@@ -205,13 +205,17 @@ def pack(args: tuple[Any, ...], first: Head | None = None) -> bytes:
 def _bulk(args: tuple[Any, ...]) -> bytes:
     """Each argument as a RESP bulk string: bytes as they are, anything else as its `str()` in UTF-8.
 
-    Built as one text and encoded once when that text is ASCII and no argument is bytes (the admission
-    scripts' arguments: ids, names, integers), so a character count is a byte count; otherwise
-    argument by argument (`_bulk_bytes`). The same bytes either way (tests/property/test_resp_pack.py)."""
+    One text argument (a decision record's JSON) is encoded and framed at once. Otherwise, with no
+    bytes argument, built as one text and encoded once when that text is ASCII (the admission scripts'
+    arguments: ids, names, integers), so a character count is a byte count; else argument by argument
+    (`_bulk_bytes`). The same bytes every way (tests/property/test_resp_pack.py)."""
+    if len(args) == 1 and type(args[0]) is str:
+        raw = args[0].encode()
+        return b"$%d\r\n%s\r\n" % (len(raw), raw)
+    if bytes in map(type, args):  # (checked before the text is built: it would be thrown away)
+        return _bulk_bytes(args)
     text = "".join([f"${len(a)}\r\n{a}\r\n" for a in map(str, args)])
-    if text.isascii() and bytes not in map(type, args):
-        return text.encode()
-    return _bulk_bytes(args)
+    return text.encode() if text.isascii() else _bulk_bytes(args)
 
 
 def _bulk_bytes(args: tuple[Any, ...]) -> bytes:
