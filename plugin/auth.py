@@ -36,6 +36,8 @@ class Auth:
         # (default band, max band) of each tenant's section, parsed once (the config checked them)
         self._bands = {name: _bands_of(section) for name, section in self.tenants.items()}
         self._default_bands = _bands_of(DEFAULT_TENANT)
+        p = config.priority  # header names as a request's HeaderMap holds them (plugin/intake.py)
+        self._headers = (p.header.lower(), p.wait_header.lower(), p.slo_header.lower())
 
     def tenant(self, authorization: str | None) -> str:
         """Tenant of an Authorization header value; GatewayError 401 when auth is on and it is unknown."""
@@ -73,14 +75,15 @@ class Auth:
 
     def caller(self, headers: Mapping[str, str]) -> Caller:
         tenant = self.tenant(headers.get("authorization"))
-        wanted = self.band(tenant, headers.get(self.config.priority.header), clamp=False)
+        priority, wait, slo = self._headers
+        wanted = self.band(tenant, headers.get(priority), clamp=False)
         band = min(wanted, self._bands.get(tenant, self._default_bands)[1])  # clamped to its max band
         return Caller(
             tenant=tenant,
             band=band,
             clamped=band < wanted,
-            max_wait_s=self.max_wait_s(headers.get(self.config.priority.wait_header)),
-            ttft_slo_s=self.ttft_slo_s(headers.get(self.config.priority.slo_header)),
+            max_wait_s=self.max_wait_s(headers.get(wait)),
+            ttft_slo_s=self.ttft_slo_s(headers.get(slo)),
         )
 
 

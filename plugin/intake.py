@@ -27,8 +27,9 @@ from plugin.sessions import session_ref
 
 class HeaderMap(dict[str, str]):
     """A request's headers read once: lower-cased name -> value, repeated headers joined with ", " (as
-    mitmproxy's `Headers.get` folds them); `get` is case-insensitive. The few lookups intake makes
-    then cost a dict lookup each instead of a scan of mitmproxy's header list."""
+    mitmproxy's `Headers.get` folds them); look names up in lower case (`Auth` lowers the configured
+    ones). The few lookups intake makes then cost a dict lookup each (no Python call) instead of a scan
+    of mitmproxy's header list."""
 
     @classmethod
     def of(cls, headers: http.Headers) -> HeaderMap:
@@ -38,9 +39,6 @@ class HeaderMap(dict[str, str]):
             text = value.decode("utf-8", "surrogateescape")
             out[key] = f"{out[key]}, {text}" if key in out else text
         return out
-
-    def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
-        return dict.get(self, key.lower(), default)
 
 
 logger = logging.getLogger(__name__)
