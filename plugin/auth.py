@@ -33,6 +33,11 @@ class Auth:
         self.config = config
         self.tenant_of_key = config.key_to_tenant()
         self.tenants: Mapping[str, TenantSection] = config.tenants
+        # (default band, max band) of each tenant's section, parsed once (the config checked them)
+        self._bands = {name: _bands_of(section) for name, section in self.tenants.items()}
+        self._default_bands = _bands_of(DEFAULT_TENANT)
+        p = config.priority  # header names as a request's HeaderMap holds them (plugin/intake.py)
+        self._headers = (p.header.lower(), p.wait_header.lower(), p.slo_header.lower())
 
     def tenant(self, authorization: str | None) -> str:
         """Tenant of an Authorization header value; GatewayError 401 when auth is on and it is unknown."""
@@ -47,15 +52,15 @@ class Auth:
 
     def band(self, tenant: str, header_value: str | None, *, clamp: bool = True) -> Band:
         """The band asked for (else the tenant's default), clamped to the tenant's maximum; 400 if bad."""
-        section = self.tenants.get(tenant, DEFAULT_TENANT)
+        default, most = self._bands.get(tenant, self._default_bands)
         if header_value is None or not header_value.strip():
-            asked = Band.parse(section.default_band)
+            asked = default
         else:
             try:
                 asked = Band.parse(header_value)
             except ValueError as e:
                 raise GatewayError(400, "invalid_priority", f"{self.config.priority.header}: {e}") from None
-        return min(asked, Band.parse(section.max_band)) if clamp else asked
+        return min(asked, most) if clamp else asked
 
     def max_wait_s(self, header_value: str | None) -> float:
         """Queue wait budget in seconds: the config default, or the header's value if lower (0 = no wait)."""
@@ -70,15 +75,20 @@ class Auth:
 
     def caller(self, headers: Mapping[str, str]) -> Caller:
         tenant = self.tenant(headers.get("authorization"))
-        asked = headers.get(self.config.priority.header)
-        band = self.band(tenant, asked)
+        priority, wait, slo = self._headers
+        wanted = self.band(tenant, headers.get(priority), clamp=False)
+        band = min(wanted, self._bands.get(tenant, self._default_bands)[1])  # clamped to its max band
         return Caller(
             tenant=tenant,
             band=band,
-            clamped=band < self.band(tenant, asked, clamp=False),
-            max_wait_s=self.max_wait_s(headers.get(self.config.priority.wait_header)),
-            ttft_slo_s=self.ttft_slo_s(headers.get(self.config.priority.slo_header)),
+            clamped=band < wanted,
+            max_wait_s=self.max_wait_s(headers.get(wait)),
+            ttft_slo_s=self.ttft_slo_s(headers.get(slo)),
         )
+
+
+def _bands_of(section: TenantSection) -> tuple[Band, Band]:
+    return Band.parse(section.default_band), Band.parse(section.max_band)
 
 
 def header_ms(value: str | None, header: str, code: str, *, minimum: int) -> int | None:

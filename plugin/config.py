@@ -363,7 +363,7 @@ def key_digest(key: str) -> str:
 def secret_value(path: str, value: str) -> str:
     """A secret as configured: "env:NAME" reads $NAME (ConfigError if unset), else the text itself."""
     if not value.startswith("env:"):
-        if any(c in value for c in "\r\n\0"):
+        if "\r" in value or "\n" in value or "\0" in value:
             raise ConfigError(path, "***", "may not contain CR, LF or NUL")
         return value
     name = value.removeprefix("env:")

@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,8 +116,23 @@ class DecisionLog:
             await self.flush()
 
 
-# one encoder for every record: `json.dumps` with options builds a new one per call
-_encode_dict = json.JSONEncoder(separators=(",", ":")).encode
+def _dict_encoder() -> Callable[[dict[str, Any]], str]:
+    """`json.JSONEncoder(separators=(",", ":")).encode` with its C encoder built once: `encode` builds
+    one per call (and `json.dumps` with options a whole JSONEncoder). The same text for any record;
+    without the circular-reference check, which a record (a tree of dicts, lists and scalars we build)
+    never needs."""
+    encoder = json.JSONEncoder(separators=(",", ":"))
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # no C accelerator: the encoder as it is
+        return encoder.encode
+    # the arguments JSONEncoder.iterencode passes (markers None: check_circular off)
+    chunks = make(
+        None, encoder.default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True
+    )
+    return lambda entry: "".join(chunks(entry, 0))
+
+
+_encode_dict = _dict_encoder()  # one encoder for every record
 HASH_TEXTS_MAX = 50_000  # decimal texts of block hashes kept (~5 MB); cleared when full
 TOKENS_TEXTS_MAX = 1_000  # JSON texts of block-token lists kept
 

@@ -8,11 +8,13 @@ when the client did not (so the gateway can meter it; the usage chunk is strippe
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from mitmproxy import http
+from mitmproxy.net.http import url
 
 from plugin.errors import GatewayError
-from plugin.flow import accepted, fail_closed
+from plugin.flow import Upstream, accepted, fail_closed
 from plugin.metrics import GatewayMetrics
 
 
@@ -29,6 +31,9 @@ class Dispatch:
     ) -> None:
         self.collect_usage, self.metrics = collect_usage, metrics
         self.upstream_key = upstream_key  # worker id -> the API key it gets ("" = none)
+        self._targets: dict[
+            tuple[str, str, int], Target
+        ] = {}  # a worker's address as the request fields take it
 
     @fail_closed
     async def request(self, flow: http.HTTPFlow) -> None:
@@ -44,11 +49,12 @@ class Dispatch:
             return
         request = flow.request
         up = route.upstream
-        # the host and port setters each rebuild Host/authority: set the host plainly and let the port
-        # setter (the last one) rebuild them once, to the same end state
-        request.scheme, request.data.host, request.port = up.scheme, up.host, up.port
+        where = (up.scheme, up.host, up.port)  # a tuple's hash is C; the dataclass's is a Python call
+        target = self._targets.get(where)
+        if target is None:
+            target = self._targets[where] = Target.of(up)
         key = self.upstream_key(route.worker.id)
-        sanitize_upstream_headers(request.headers, state.request_id, key)
+        point_at(request, target, state.request_id, key)
         ask_usage = parsed.endpoint.request_usage
         wanted = parsed.stream and not parsed.include_usage and self.collect_usage
         if ask_usage is not None and wanted:
@@ -72,24 +78,69 @@ NOT_FORWARDED = HOP_BY_HOP | {
 }  # fmt: skip
 
 
+@dataclass(frozen=True, slots=True)
+class Target:
+    """An upstream as mitmproxy's request fields hold it: what `request.scheme, request.host,
+    request.port = ...` would store, computed once per worker instead of once per request."""
+
+    scheme: bytes  # RequestData.scheme (the `scheme` setter: UTF-8, surrogateescape)
+    host: str
+    port: int
+    host_header: bytes  # the Host header's value the port setter writes: url.hostport(), as bytes
+    authority: bytes  # the authority it writes (HTTP/2 requests, or an absolute-form target)
+
+    @classmethod
+    def of(cls, up: Upstream) -> Target:
+        hostport = url.hostport(up.scheme, up.host, up.port)
+        try:  # as mitmproxy's `authority` setter encodes a text value
+            authority = hostport.encode("idna", "strict")
+        except UnicodeError:
+            authority = hostport.encode("utf8", "surrogateescape")
+        return cls(
+            up.scheme.encode("utf-8", "surrogateescape"), up.host, up.port,
+            hostport.encode("utf-8", "surrogateescape"), authority,
+        )  # fmt: skip
+
+
+def point_at(request: http.Request, target: Target, request_id: str, upstream_key: str) -> None:
+    """`request.scheme, request.host, request.port = ...` then `sanitize_upstream_headers`, in one
+    rebuild of the header fields: the same end state (the port setter's `headers["Host"] = host:port`
+    when a Host header is present: the first one takes the value in its place, later ones go; a
+    non-empty authority becomes host:port too), without the setters' scans of the header list."""
+    data = request.data
+    data.scheme, data.host, data.port = target.scheme, target.host, target.port
+    if data.authority:
+        data.authority = target.authority
+    _sanitized(data.headers, request_id, upstream_key, target.host_header)
+
+
 def sanitize_upstream_headers(headers: http.Headers, request_id: str, upstream_key: str) -> None:
     """What the worker gets: the client's headers minus hop-by-hop ones (and those the client's
     `Connection` names), `x-kvgate-*`, forwarding chains and `Authorization`; then the gateway's
     request id and, if configured, the worker's own API key (vLLM's `--api-key`)."""
+    _sanitized(headers, request_id, upstream_key, None)
+
+
+def _sanitized(headers: http.Headers, request_id: str, upstream_key: str, host: bytes | None) -> None:
+    """`sanitize_upstream_headers`, with the Host header's value replaced by `host` first (if given)."""
+    fields = headers.fields
     named = {
         token.strip().lower().encode()
-        for name, value in headers.fields
+        for name, value in fields
         if name.lower() == b"connection"
         for token in value.decode("latin-1").split(",")
     }
-    kept = tuple(
-        (name, value)
-        for name, value in headers.fields
-        if (low := name.lower()) not in NOT_FORWARDED
-        and low not in named
-        and not low.startswith(b"x-kvgate-")
-    )
-    ours = [(b"x-request-id", request_id.encode())]
+    kept = []
+    replacing = host is not None
+    for name, value in fields:
+        low = name.lower()
+        if replacing and low == b"host":
+            if host is None:
+                continue  # a later Host header: gone, as with the setter's replacement
+            value, host = host, None
+        if low not in NOT_FORWARDED and low not in named and not low.startswith(b"x-kvgate-"):
+            kept.append((name, value))
+    kept.append((b"x-request-id", request_id.encode()))
     if upstream_key:
-        ours.append((b"authorization", b"Bearer " + upstream_key.encode()))
-    headers.fields = kept + tuple(ours)
+        kept.append((b"authorization", b"Bearer " + upstream_key.encode()))
+    headers.fields = tuple(kept)

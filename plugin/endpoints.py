@@ -56,9 +56,10 @@ def _checked(check: Callable[[], None]) -> None:
 
 
 def _check_chat(body: dict[str, Any], limits: LimitsSection) -> None:
-    _checked(
-        lambda: check_chat(body, max_messages=limits.max_messages, max_prompt_chars=limits.max_prompt_chars)
-    )
+    try:  # `_checked` inline: two Python calls less on every chat request
+        check_chat(body, max_messages=limits.max_messages, max_prompt_chars=limits.max_prompt_chars)
+    except InvalidRequest as e:
+        raise GatewayError(e.status, e.code, str(e), param=e.param) from None
 
 
 def _check_completion(body: dict[str, Any], limits: LimitsSection) -> None:

@@ -212,10 +212,29 @@ def _log_redis_failure(where: str, error: BaseException) -> None:
 def put_headers(headers: http.Headers, pairs: Sequence[tuple[str, str]]) -> None:
     """`headers[name] = value` for each (lower-case name, value), in one rebuild of the field list
     instead of one per header (a header already present is replaced; ours go last)."""
-    new = tuple((name.encode(), value.encode("utf-8", "surrogateescape")) for name, value in pairs)
+    new = tuple([(name.encode(), value.encode("utf-8", "surrogateescape")) for name, value in pairs])
     names = {name for name, _ in new}
-    headers.fields = tuple(f for f in headers.fields if f[0].lower() not in names) + new
+    headers.fields = tuple([f for f in headers.fields if f[0].lower() not in names]) + new
 
 
-def now_s() -> float:
-    return time.monotonic()
+# time.monotonic itself, not a function calling it: one Python call less each time (4 per request)
+now_s: Callable[[], float] = time.monotonic
+
+
+def header(message: http.Message, name: bytes) -> str | None:
+    """`message.headers.get(name)` for a lower-case `name`: the values of its fields, folded with ", "
+    (None when absent), from one pass over the field list without mitmproxy's per-field calls."""
+    values = [
+        v.decode("utf-8", "surrogateescape") for n, v in message.data.headers.fields if n.lower() == name
+    ]
+    return ", ".join(values) if values else None
+
+
+def body_of(message: http.Message) -> bytes | None:
+    """`message.content`: the body decoded by its Content-Encoding; without one (the common case), the
+    raw body as `Message.get_content` returns it, read without its header lookup."""
+    data = message.data
+    for name, _ in data.headers.fields:
+        if name.lower() == b"content-encoding":
+            return message.content
+    return data.content

@@ -156,6 +156,8 @@ class HotPathCpu:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.cells: dict[LabelValues, list[int]] = {}  # (model, stage, arm) -> [stage runs, ns]
+        # (model, arm) -> stage -> the same cell lists: a request's stages found without a key tuple each
+        self._by_request: dict[tuple[str, str], dict[str, list[int]]] = {}
         registry.register(self)
 
     def add(self, model: str, stage: str, arm: str, ns: int) -> None:
@@ -163,11 +165,13 @@ class HotPathCpu:
 
     def add_request(self, model: str, arm: str, stage_ns: dict[str, int]) -> None:
         """One request's stages (FlowState.stage_ns), under its model and arm."""
-        cells = self.cells
+        stages = self._by_request.get((model, arm))
+        if stages is None:
+            stages = self._by_request[model, arm] = {}
         for stage, ns in stage_ns.items():
-            cell = cells.get((model, stage, arm))
+            cell = stages.get(stage)
             if cell is None:
-                cell = cells[model, stage, arm] = [0, 0]
+                cell = stages[stage] = self.cells.setdefault((model, stage, arm), [0, 0])
             cell[0] += 1
             cell[1] += ns
 

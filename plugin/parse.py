@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from plugin import jsonbody
 from plugin.config import LimitsSection
 from plugin.endpoints import Endpoint
 from plugin.errors import GatewayError
@@ -36,7 +37,7 @@ def parse_completion(endpoint: Endpoint, raw: bytes, limits: LimitsSection) -> P
             413, "request_too_large", f"body is {len(raw)} bytes; limit {limits.max_body_bytes}"
         )
     try:
-        body = json.loads(raw)
+        body = jsonbody.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise GatewayError(400, "invalid_json", f"body is not valid JSON: {e}") from None
     except RecursionError:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 from time import perf_counter_ns
 from typing import Any
 
@@ -21,7 +22,7 @@ from mitmproxy import http
 
 from plugin.context import GatewayContext
 from plugin.decision_log import Blocks
-from plugin.flow import NOT_HELD, FlowState, put_headers, state_of
+from plugin.flow import NOT_HELD, FlowState, body_of, header, put_headers, state_of
 from plugin.metrics import outcome_of
 from plugin.streaming import SseMeter, Usage
 
@@ -59,7 +60,7 @@ class Release:
             put_headers(response.headers, ours)
         if state.route is None:
             return  # answered locally
-        if response.headers.get("content-type", "").startswith("text/event-stream"):
+        if (header(response, b"content-type") or "").startswith("text/event-stream"):
             parsed = state.parsed
             strip = bool(parsed and parsed.stream and not parsed.include_usage and state.usage_requested)
             route = state.route
@@ -111,7 +112,8 @@ class Release:
         if state.parsed is not None and state.route is not None:
             ctx.router.finished(state.route)
         settled = perf_counter_ns() - started
-        ctx.releaser.after_response(lambda: self._account_timed(flow, state, status, error, settled))
+        # a partial, not a lambda: no Python frame of its own when the step runs
+        ctx.releaser.after_response(partial(self._account_timed, flow, state, status, error, settled))
 
     def _account_timed(self, flow: http.HTTPFlow, state: FlowState, status: int, error: str, ns: int) -> None:
         started = perf_counter_ns()
@@ -144,7 +146,7 @@ class Release:
         if state.meter is not None:
             usage = state.meter.finish()
         elif flow.response is not None and status < 400:
-            content = flow.response.content  # decoded on every access: once
+            content = body_of(flow.response)  # decoded on every access: once
             usage = state.parsed.endpoint.meter_body(content) if content is not None else None
         else:
             usage = None

@@ -302,7 +302,7 @@ class Router:
         if not workers:
             return None
         now = time.monotonic()
-        routing = self.model(model)
+        routing = self.models.get(model) or self.model(model)  # (the lookup inline: hot path)
         pool = len(workers)  # the cluster load is shared by all of them, not only the candidates
         workers = self._candidates(routing, prompt, workers)
         views = routing.state.observe_workers(routing.views(workers, now), now)
@@ -358,12 +358,14 @@ class Router:
         scores = route.decision.scores.get(worker, {})
         predicted = scores.get("predicted-ttft", 0.0) if route.streamed else math.inf
         uncached = max(0, view.prompt_tokens - view.hit_tokens(worker))
-        self.model(route.model).ledger.dispatch(view.id, worker, uncached, predicted, time.monotonic())
+        (self.models.get(route.model) or self.model(route.model)).ledger.dispatch(
+            view.id, worker, uncached, predicted, time.monotonic()
+        )
 
     def record(self, route: Route) -> None:
         """Write the routing history: prefix index (approximate mode, or in exact mode a worker without KV
         events), stickiness, prefix rate."""
-        routing = self.model(route.model)
+        routing = self.models.get(route.model) or self.model(route.model)
         routing.state.commit(route.view, route.decision, time.monotonic())
         if (
             self.section.write_index
@@ -407,12 +409,16 @@ class Router:
         """The route's first token came back: its prefill is no longer queued, nor late (idempotent)."""
         if not route.first_token_seen:
             route.first_token_seen = True
-            self.model(route.model).ledger.first_token(route.view.id, time.monotonic())
+            (self.models.get(route.model) or self.model(route.model)).ledger.first_token(
+                route.view.id, time.monotonic()
+            )
 
     def finished(self, route: Route) -> None:
         """The route's request ended (any way) or gave its reservation back."""
         self.first_token(route)
-        self.model(route.model).ledger.finish(route.view.id, time.monotonic())
+        (self.models.get(route.model) or self.model(route.model)).ledger.finish(
+            route.view.id, time.monotonic()
+        )
 
     # -- index feed from the mirror ------------------------------------------------------------------
     def apply_index_ops(self, model: str, ops: Sequence[index_store.IndexOp]) -> None:
@@ -447,7 +453,9 @@ class Router:
             recent.move_to_end(h)
         while len(recent) > PUBLISHED_MAX:
             recent.popitem(last=False)
-        capacity = self.model(model)._capacity_blocks(worker.capacity_tokens or DEFAULT_CAPACITY_TOKENS)
+        capacity = (self.models.get(model) or self.model(model))._capacity_blocks(
+            worker.capacity_tokens or DEFAULT_CAPACITY_TOKENS
+        )
         entry = self._pending_index.get(key)
         if entry is None:
             self._pending_index[key] = (capacity, fresh)

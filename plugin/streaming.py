@@ -11,10 +11,11 @@ Non-streamed responses are metered from their JSON body with `meter_json_body`.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from plugin import jsonbody
 
 
 @dataclass(slots=True)
@@ -87,7 +88,7 @@ class SseMeter:
     def _read_usage(self, payload: bytes) -> bool:
         """Read a chunk's usage; True when it is the usage-only chunk (no choices)."""
         try:
-            event = json.loads(payload)
+            event = jsonbody.loads(payload)
         except ValueError:
             return False
         usage = event.get("usage") if isinstance(event, dict) else None
@@ -124,7 +125,7 @@ def meter_json_body(content: bytes | None, clock: Callable[[], float] = time.mon
     """Usage of a non-streamed completion (TTFT = when the whole body arrived)."""
     result = Usage(first_token_at=clock())
     try:
-        body = json.loads(content or b"")
+        body = jsonbody.loads(content or b"")
     except ValueError:
         return result
     if isinstance(body, dict) and isinstance(body.get("usage"), dict):

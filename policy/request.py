@@ -172,7 +172,7 @@ def chat_text(body: Mapping[str, object]) -> str:
     parts = [f"<|tools|>{canonical_json(tools)}\n"] if tools is not None else []
     messages = body["messages"]
     assert isinstance(messages, list)
-    parts.extend(_message_text(m) for m in messages)
+    parts.extend([_message_text(m) for m in messages])
     return "".join(parts)
 
 

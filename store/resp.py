@@ -205,13 +205,17 @@ def pack(args: tuple[Any, ...], first: Head | None = None) -> bytes:
 def _bulk(args: tuple[Any, ...]) -> bytes:
     """Each argument as a RESP bulk string: bytes as they are, anything else as its `str()` in UTF-8.
 
-    Built as one text and encoded once when that text is ASCII and no argument is bytes (the admission
-    scripts' arguments: ids, names, integers), so a character count is a byte count; otherwise
-    argument by argument (`_bulk_bytes`). The same bytes either way (tests/property/test_resp_pack.py)."""
+    One text argument (a decision record's JSON) is encoded and framed at once. Otherwise, with no
+    bytes argument, built as one text and encoded once when that text is ASCII (the admission scripts'
+    arguments: ids, names, integers), so a character count is a byte count; else argument by argument
+    (`_bulk_bytes`). The same bytes every way (tests/property/test_resp_pack.py)."""
+    if len(args) == 1 and type(args[0]) is str:
+        raw = args[0].encode()
+        return b"$%d\r\n%s\r\n" % (len(raw), raw)
+    if bytes in map(type, args):  # (checked before the text is built: it would be thrown away)
+        return _bulk_bytes(args)
     text = "".join([f"${len(a)}\r\n{a}\r\n" for a in map(str, args)])
-    if text.isascii() and bytes not in map(type, args):
-        return text.encode()
-    return _bulk_bytes(args)
+    return text.encode() if text.isascii() else _bulk_bytes(args)
 
 
 def _bulk_bytes(args: tuple[Any, ...]) -> bytes:
@@ -270,9 +274,34 @@ class RespChannel:
         return await self.pipeline_packed([pack(c) for c in commands])
 
     async def pipeline_packed(self, commands: Sequence[bytes]) -> list[Any]:
-        """`pipeline` of commands packed already (`pack`)."""
+        """`pipeline` of commands packed already (`pack`).
+
+        Waits for the last reply only: the protocol settles its futures oldest first (`data_received`,
+        a late reply in `_Protocol._check`, `connection_lost`), so with the last one settled every one
+        is. Then the replies, or the first error among them, as `asyncio.gather` gives them, without
+        gather's done callback (a loop callback and two Python calls) per command (bench.hook_cost)."""
         protocol = await self._ready()
-        return list(await asyncio.gather(*self._send_many(protocol, commands)))  # late: `_Protocol._check`
+        futures = self._send_many(protocol, commands)
+        if not futures:
+            return []
+        try:
+            await futures[-1]
+        except asyncio.CancelledError:
+            for future in futures:  # as gather's cancellation: none of them is waited for any more
+                future.cancel()
+            raise
+        except Exception:
+            pass  # the first error in order is raised below (it was settled first)
+        error: BaseException | None = None
+        for future in futures:
+            if not future.done():  # (cannot happen: settled oldest first) the general way
+                return list(await asyncio.gather(*futures))
+            found = future.exception()  # (read: no "never retrieved" warning for the others)
+            if found is not None and error is None:
+                error = found
+        if error is not None:
+            raise error
+        return [future.result() for future in futures]
 
     async def aclose(self) -> None:
         protocol, self._protocol = self._protocol, None

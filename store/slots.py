@@ -267,11 +267,11 @@ class SlotPool:
             if reply.code == AdmitCode.QUOTA_MISSING and self.on_quota_missing is not None:
                 await self.on_quota_missing(ticket.model)  # written again: one more try
                 reply = await self._acquire_once(ticket, worker)
-            est = estimated_wait_s(reply.ahead, reply.capacity, reply.hold_ms / 1000)
             if reply.code in (AdmitCode.ADMITTED, AdmitCode.ALREADY_HELD):
                 settled = True
                 placed = worker if reply.code == AdmitCode.ADMITTED else None
                 return self._hold(ticket, reply.seats or ticket.seats, start, placed)
+            est = estimated_wait_s(reply.ahead, reply.capacity, reply.hold_ms / 1000)  # (not when admitted)
             if reply.code in (
                 AdmitCode.QUEUE_FULL,
                 AdmitCode.NO_SEAT,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from mitmproxy import http
 
 from plugin.auth import Auth, bearer_token
 from plugin.config import config_from_dict
 from plugin.errors import GatewayError
+from plugin.intake import HeaderMap
 from policy.types import Band
 
 TENANTS = {
@@ -122,3 +124,29 @@ def test_a_non_utf8_api_key_is_a_401_not_a_crash() -> None:
         assert e.status == 401
     else:
         raise AssertionError("an unknown key must be refused")
+
+
+def test_configured_header_names_match_in_any_case() -> None:
+    """A request's headers are looked up lower-cased (plugin/intake.py HeaderMap), so header names the
+    config spells in capitals still match, whatever case the client sends."""
+    auth = Auth(
+        config_from_dict(
+            {
+                "tenants": TENANTS,
+                "priority": {"header": "X-Prio", "wait_header": "X-Wait-MS", "slo_header": "X-SLO"},
+            }
+        )
+    )
+    fields = [
+        (b"AUTHORIZATION", b"Bearer k-gold"),
+        (b"x-prio", b"low"),
+        (b"X-WAIT-ms", b"250"),
+        (b"x-Slo", b"90"),
+    ]
+    caller = auth.caller(HeaderMap.of(http.Headers(fields)))
+    assert (caller.tenant, caller.band, caller.max_wait_s, caller.ttft_slo_s) == (
+        "gold",
+        Band.LOW,
+        0.25,
+        0.09,
+    )

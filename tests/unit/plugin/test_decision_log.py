@@ -37,4 +37,19 @@ def test_blocks_encoded_apart_are_the_json_of_the_whole_record() -> None:
         whole = {**entry, "prefix_hashes": list(hashes), "block_tokens": list(tokens)}
         assert json.loads(line) == whole
         assert len(line) == len(json.dumps(whole, separators=(",", ":")))
+        assert line.startswith(json.dumps(entry, separators=(",", ":"))[:-1])  # the dict's own text
     assert _encode_one({"a": 1}) == '{"a":1}'
+
+
+def test_a_record_is_the_text_json_writes() -> None:
+    """The record encoder (a C encoder built once) writes what `json.dumps(separators=(",", ":"))`
+    writes: nested scores, floats, None, booleans, non-ASCII and escaped text, key order."""
+    rng = random.Random(3)
+    for i in range(200):
+        entry = {
+            "request_id": f"r{i}", "arrival_ms": round(rng.random() * 1e12, 3), "stream": i % 2 == 0,
+            "sticky_worker": None if i % 3 else "w1", "reason": 'prefix 0.98 on "w0" → least\n',
+            "candidates": {f"w{j}": {"cost": rng.random(), "hit": rng.random() / 3} for j in range(i % 4)},
+            "hits": {"w0": rng.randrange(40)}, "status": 200, "nan": float("inf") if i == 7 else 0.5,
+        }  # fmt: skip
+        assert _encode_one(entry) == json.dumps(entry, separators=(",", ":"))

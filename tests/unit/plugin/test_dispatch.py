@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from mitmproxy.test import tutils
 
 from plugin.auth import Caller
 from plugin.config import LimitsSection, RoutingSection
-from plugin.dispatch import Dispatch
+from plugin.dispatch import Dispatch, Target, point_at, sanitize_upstream_headers
 from plugin.endpoints import ENDPOINTS
-from plugin.flow import STATE, FlowState
+from plugin.flow import STATE, FlowState, Upstream
 from plugin.metrics import GatewayMetrics
 from plugin.parse import parse_completion
 from plugin.prefix_memo import hash_prompt
@@ -112,3 +113,44 @@ async def test_prefix_switches_count_a_prefix_moving_to_another_worker_and_nothi
     assert await send(shared, [w1]) == "w1" and switches() == 1  # stays on w1 now
     assert await send(other, [WORKER]) == "w0" and switches() == 1  # another prefix, first request
     assert await send(shared, [WORKER]) == "w0" and switches() == 2  # moved back w1 -> w0
+
+
+def _old_point_at(request: object, up: Upstream, request_id: str, key: str) -> None:
+    """The rewrite as it was: mitmproxy's setters, then the header filter."""
+    request.scheme, request.data.host, request.port = up.scheme, up.host, up.port  # type: ignore[attr-defined]
+    sanitize_upstream_headers(request.headers, request_id, key)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [],
+        [(b"Host", b"gateway")],
+        [(b"content-type", b"application/json"), (b"HOST", b"gateway:8080"), (b"x-keep", b"1")],
+        [(b"Host", b"a"), (b"x-keep", b"1"), (b"host", b"b"), (b"Host", b"c")],  # duplicates
+        [(b"Connection", b"host, x-hop"), (b"Host", b"a"), (b"x-hop", b"1")],  # Connection names Host
+        [(b"x-kvgate-worker", b"spoof"), (b"Authorization", b"Bearer t"), (b"x-request-id", b"c")],
+    ],
+)
+@pytest.mark.parametrize("authority", [b"", b"gateway:8080"])
+@pytest.mark.parametrize(
+    "up",
+    [Upstream("http", "10.0.0.7", 8123), Upstream("http", "w1", 80), Upstream("https", "w2.example", 443)],
+)
+@pytest.mark.parametrize("key", ["", "worker-key"])
+def test_point_at_leaves_the_request_as_the_setters_and_the_filter_did(
+    headers: list[tuple[bytes, bytes]], authority: bytes, up: Upstream, key: str
+) -> None:
+    """The one-pass rewrite of the upstream (plugin/dispatch.py `point_at`) against mitmproxy's own
+    scheme/host/port setters followed by `sanitize_upstream_headers`: the same request data, fields
+    and their order included."""
+    requests = []
+    for _ in range(2):
+        request = tutils.treq(authority=authority)
+        request.headers.fields = tuple(headers)
+        requests.append(request)
+    new, old = requests
+    point_at(new, Target.of(up), "rid-1", key)
+    _old_point_at(old, up, "rid-1", key)
+    assert new.data == old.data
+    assert new.headers.fields == old.headers.fields

@@ -133,6 +133,19 @@ def test_hot_path_cpu_is_a_summary_per_stage_and_arm() -> None:
         "kvgate_hot_path_cpu_seconds_sum", frozenset({("model", "m"), ("stage", "route"), ("arm", "default")})
     ]
     assert abs(total - 40e-6) < 1e-12
+    for _ in range(3):  # a request's stages at once, under another arm: their own series
+        m.hot_path_cpu.add_request("m", "b", {"parse": 1_000, "route": 2_000})
+    m.hot_path_cpu.add_request("m", "default", {"route": 5_000})
+    got = samples(m.render())
+
+    def count_sum(stage: str, arm: str) -> tuple[float, float]:
+        labels = frozenset({("model", "m"), ("stage", stage), ("arm", arm)})
+        return got["kvgate_hot_path_cpu_seconds_count", labels], got[
+            "kvgate_hot_path_cpu_seconds_sum", labels
+        ]
+
+    assert count_sum("parse", "b") == (3, 3e-6) and count_sum("route", "b") == (3, 6e-6)
+    assert count_sum("route", "default")[0] == 3 and abs(count_sum("route", "default")[1] - 45e-6) < 1e-12
 
 
 def test_series_of_workers_that_left_are_dropped() -> None:

@@ -79,6 +79,32 @@ async def test_a_cancelled_caller_does_not_shift_later_replies(redis: aioredis.R
         await channel.aclose()
 
 
+async def test_a_pipeline_gives_its_replies_in_order_or_its_first_error(redis: aioredis.Redis) -> None:
+    """`pipeline` waits for its last reply only (replies are settled oldest first): the replies in
+    order, or the first error reply after all have answered; the connection stays in step, also after
+    a pipeline whose caller was cancelled."""
+    channel = RespChannel.for_client(redis)
+    assert channel is not None
+    try:
+        assert await channel.pipeline([("SET", f"pipe:{i}", i) for i in range(30)]) == [b"OK"] * 30
+        assert await channel.pipeline([("GET", f"pipe:{i}") for i in range(30)]) == [
+            b"%d" % i for i in range(30)
+        ]
+        await channel.execute("SET", "pipe:text", "x")
+        with pytest.raises(ResponseError, match="not an integer"):
+            await channel.pipeline([("INCR", "pipe:1"), ("INCR", "pipe:text"), ("LPUSH", "pipe:text", "y")])
+        assert await channel.execute("GET", "pipe:1") == b"2"  # the commands around the error ran
+        assert await channel.pipeline([]) == []
+        slow = asyncio.ensure_future(channel.pipeline([("BLPOP", "pipe:empty", "0.2"), ("PING",)]))
+        await asyncio.sleep(0.05)
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        assert await channel.pipeline([("ECHO", "mine"), ("ECHO", "too")]) == [b"mine", b"too"]
+    finally:
+        await channel.aclose()
+
+
 async def test_reconnects_after_the_server_drops_the_connection(redis: aioredis.Redis) -> None:
     channel = RespChannel.for_client(redis)
     assert channel is not None
