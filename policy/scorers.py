@@ -169,13 +169,18 @@ class ServeCost:
         """(predicted TTFT, own uncached prefill, cost) of the request on `w` with `hit` cached tokens.
 
         `kept_hit` (default `hit`): the prefix the miss-work term treats as cached. A new replica of a
-        hot prefix pays its prefill in this request's TTFT, honestly, but not again as miss work: the
-        replica is an investment later requests draw on, not work they wait for. `busy`: `busy_weight`
-        of the candidates."""
+        hot prefix pays its prefill in this request's TTFT, honestly, but not again as miss work while
+        some worker has room: the replica is an investment later requests draw on, not work they wait
+        for. `busy`: `busy_weight` of the candidates. When every worker is busy there is no idle
+        capacity for the investment to draw on: busy / (1 + busy) of the replica's prefill is capacity
+        lost to every queued request, miss work like any recompute (the same 1 / (1 + busy) shrinks the
+        replica's TTFT share in policy/kvgate.py), so at overload a hit is kept rather than copied."""
         model = self.ttft.model
         ttft = model.ttft_s(w, req.prompt_tokens - hit, hit, late=self.ttft.late)
-        kept = hit if kept_hit is None else max(hit, kept_hit)
-        miss = model.own_prefill_s(req.prompt_tokens - kept, kept)
+        miss = model.own_prefill_s(req.prompt_tokens - hit, hit)
+        if kept_hit is not None and kept_hit > hit:
+            invested = model.own_prefill_s(req.prompt_tokens - kept_hit, kept_hit)
+            miss = invested + (miss - invested) * busy / (1.0 + busy)
         return ttft, miss, ttft + (self.miss_weight * self.displaced(req) + busy) * miss
 
     def cost_s(self, req: RequestView, w: WorkerView, busy: float = 0.0) -> float:
