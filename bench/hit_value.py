@@ -163,7 +163,10 @@ def report(name: str, requests: Sequence[SimRequest], profile_path: Path, args: 
     by_id = {str(r.id): r for r in kv.records}
     sg_by_id = {str(r.id): r for r in sg.records}
     print("  kvgate decisions: " + ", ".join(f"{k} {n}" for k, n in kinds.most_common()))
-    print("  moves and filtered holders by cause: " + ", ".join(f"{k}/{w} {n}" for (k, w), n in whys.most_common()))
+    print(
+        "  moves and filtered holders by cause: "
+        + ", ".join(f"{k}/{w} {n}" for (k, w), n in whys.most_common())
+    )
     # what the moves cost: believed hit on the holder vs the actual engine hit on the winner
     for kind in ("keep", "move", "filter", "miss"):
         ids = [i for i, s in seen.items() if s.kind == kind]
@@ -183,23 +186,28 @@ def report(name: str, requests: Sequence[SimRequest], profile_path: Path, args: 
         gain = [s.holder_wait - s.winner_wait for s in moves]
         miss = [s.winner_parts["miss-work"] for s in moves]
         busy = [s.busy for s in moves]
+        p50 = {
+            "gain": percentile(sorted(gain), 50),
+            "miss": percentile(sorted(miss), 50),
+            "busy": percentile(sorted(busy), 50),
+            "rate": percentile(sorted(s.prefix_rate for s in moves), 50),
+        }
         print(
-            "  moves: holder wait − winner wait p50 {:.3f} s; winner's miss work p50 {:.3f} s; busy p50 {:.2f}, "
-            "max {:.2f}; prefix rate p50 {:.2f}/s".format(
-                percentile(sorted(gain), 50),
-                percentile(sorted(miss), 50),
-                percentile(sorted(busy), 50),
-                max(busy),
-                percentile(sorted(s.prefix_rate for s in moves), 50),
-            )
+            f"  moves: holder wait − winner wait p50 {p50['gain']:.3f} s; winner's miss work p50 "
+            f"{p50['miss']:.3f} s; busy p50 {p50['busy']:.2f}, max {max(busy):.2f}; "
+            f"prefix rate p50 {p50['rate']:.2f}/s"
         )
-        print("     t   prompt  why      winner(hit, ttft, miss, cost)        holder(hit, ttft, miss, cost)  busy  actual")
+        print(
+            "     t   prompt  why      winner(hit, ttft, miss, cost)        "
+            "holder(hit, ttft, miss, cost)  busy  actual"
+        )
         for s in moves[: args.top]:
             w, h = s.winner_parts, s.holder_parts
             rid = next(i for i, x in seen.items() if x is s)
             print(
-                f"  {s.t:5.2f} {s.prompt:6d}  {s.why:7} {s.winner}({s.winner_hit:5d}, {w['predicted-ttft']:.3f}, "
-                f"{w['miss-work']:.3f}, {w['cost']:.3f})  {s.holder}({s.holder_hit:5d}, "
+                f"  {s.t:5.2f} {s.prompt:6d}  {s.why:7} {s.winner}({s.winner_hit:5d}, "
+                f"{w['predicted-ttft']:.3f}, {w['miss-work']:.3f}, {w['cost']:.3f})  "
+                f"{s.holder}({s.holder_hit:5d}, "
                 f"{h['predicted-ttft']:.3f}, {h['miss-work']:.3f}, {h['cost']:.3f})  {s.busy:4.2f}  "
                 f"{by_id[rid].cached_tokens:5d}"
             )
