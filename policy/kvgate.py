@@ -69,7 +69,11 @@ class KvgatePolicy:
     def _serve_cost(self, ttft: PredictedTtft) -> ServeCost:
         t = self.config.ttft
         return ServeCost(
-            ttft, miss_weight=t.miss_weight, busy_weight_max=t.busy_weight_max, miss_load=t.miss_load
+            ttft,
+            miss_weight=t.miss_weight,
+            busy_weight_max=t.busy_weight_max,
+            miss_load=t.miss_load,
+            replica_busy=t.replica_busy,
         )
 
     @cached_property
@@ -103,7 +107,8 @@ class KvgatePolicy:
         hits = {w.id: effective_hit_tokens(req, w.id, c.min_cache_gain) for w in candidates}
         replicate = self._replicate_hot(req, hits)
         # a hot prefix that may grow a replica: the replica's prefill is an investment, not miss work
-        # (it still counts in this request's TTFT: that is where it lands)
+        # (it still counts in this request's TTFT: that is where it lands), as far as idle capacity pays
+        # for it: when every worker is busy, busy/(1+busy) of it is miss work (ServeCost.parts)
         kept = dict.fromkeys(hits, max(hits.values())) if replicate else hits
         scores: dict[str, dict[str, float]] = {}
         costs: dict[str, float] = {}
