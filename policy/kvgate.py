@@ -5,7 +5,9 @@
                 → StickyHold (within the window a prefix stays on its worker unless overloaded)
     cost(w)     = (ttft(w) + (miss_weight + busy) × own_prefill(w)) × (1 − cold_start(w))
                   busy = queued wait on the least-loaded candidate in full prefills of the request,
-                  capped (scorers.ServeCost.busy_weight): when every worker is busy, a hit is capacity
+                  counting the lateness its queue already shows, capped (scorers.ServeCost.busy_weight):
+                  when every worker is busy, a hit is capacity (and a hot prefix's new replica is an
+                  investment only to 1/(1+busy): the rest of its prefill is miss work)
                   (`ttft.miss_load = "queueing"`, not the default: miss_weight × Erlang C of the cluster
                   load the routing state measures, scorers.ServeCost.displaced)
                   ttft = TtftModel.ttft_s(w, prompt − effective_hit(w)); own_prefill = its uncached part
