@@ -67,6 +67,13 @@ class TtftModelConfig:
     decode_s_per_token_ctx: float = _within(
         0.0, 1e-3, 5.6e-8, "... plus this per context token (the KV read; cluster load only)"
     )
+    replica_busy: bool = field(
+        default=True,
+        metadata={
+            "help": "when every worker is busy, busy/(1+busy) of a new replica's prefill is miss work "
+            "(false: the replica's prefill is never miss work, as before session 9)"
+        },
+    )
     miss_load: str = field(
         default="fixed",
         metadata={"help": "how the cluster load scales miss_weight: fixed (default) or queueing (Erlang C)"},

@@ -5,7 +5,9 @@
                 → StickyHold (within the window a prefix stays on its worker unless overloaded)
     cost(w)     = (ttft(w) + (miss_weight + busy) × own_prefill(w)) × (1 − cold_start(w))
                   busy = queued wait on the least-loaded candidate in full prefills of the request,
-                  capped (scorers.ServeCost.busy_weight): when every worker is busy, a hit is capacity
+                  counting the lateness its queue already shows, capped (scorers.ServeCost.busy_weight):
+                  when every worker is busy, a hit is capacity (and a hot prefix's new replica is an
+                  investment only to 1/(1+busy): the rest of its prefill is miss work)
                   (`ttft.miss_load = "queueing"`, not the default: miss_weight × Erlang C of the cluster
                   load the routing state measures, scorers.ServeCost.displaced)
                   ttft = TtftModel.ttft_s(w, prompt − effective_hit(w)); own_prefill = its uncached part
@@ -69,7 +71,11 @@ class KvgatePolicy:
     def _serve_cost(self, ttft: PredictedTtft) -> ServeCost:
         t = self.config.ttft
         return ServeCost(
-            ttft, miss_weight=t.miss_weight, busy_weight_max=t.busy_weight_max, miss_load=t.miss_load
+            ttft,
+            miss_weight=t.miss_weight,
+            busy_weight_max=t.busy_weight_max,
+            miss_load=t.miss_load,
+            replica_busy=t.replica_busy,
         )
 
     @cached_property
@@ -103,7 +109,8 @@ class KvgatePolicy:
         hits = {w.id: effective_hit_tokens(req, w.id, c.min_cache_gain) for w in candidates}
         replicate = self._replicate_hot(req, hits)
         # a hot prefix that may grow a replica: the replica's prefill is an investment, not miss work
-        # (it still counts in this request's TTFT: that is where it lands)
+        # (it still counts in this request's TTFT: that is where it lands), as far as idle capacity pays
+        # for it: when every worker is busy, busy/(1+busy) of it is miss work (ServeCost.parts)
         kept = dict.fromkeys(hits, max(hits.values())) if replicate else hits
         scores: dict[str, dict[str, float]] = {}
         costs: dict[str, float] = {}

@@ -135,6 +135,7 @@ class ServeCost:
     miss_weight: float = 1.0
     busy_weight_max: float = 0.0
     miss_load: str = "fixed"  # how the cluster load scales miss_weight (`displaced`)
+    replica_busy: bool = True  # at overload a new replica's prefill is partly miss work (`parts`)
 
     def displaced(self, req: RequestView) -> float:
         """The share (0–1) of a recompute's time that later requests would otherwise have used: how
@@ -154,12 +155,16 @@ class ServeCost:
         return erlang_c(max(1, req.pool_workers), rho)
 
     def busy_weight(self, req: RequestView, workers: Sequence[WorkerView]) -> float:
-        """Queued wait on the least-loaded of `workers`, in units of this request's uncached prefill
-        (capped at `busy_weight_max`); 0 while some worker could start it at once."""
+        """Queued wait on the least-loaded of `workers`, in units of this request's full prefill
+        (capped at `busy_weight_max`); 0 while some worker could start it at once. The wait counts the
+        lateness each queue already shows (`TtftModel.wait_s(late=True)`): a KV-bound engine admits
+        nothing while its queued prefill looks small, and only its lateness shows that wait. The
+        minimum over the workers says every one of them runs late, which one stalled worker cannot fake
+        (it raises no other worker's wait)."""
         if self.busy_weight_max <= 0 or not workers or req.prompt_tokens <= 0:
             return 0.0
         model = self.ttft.model
-        wait = min(model.wait_s(w) - model.overhead_s for w in workers)
+        wait = min(model.wait_s(w, late=True) - model.overhead_s for w in workers)
         full = model.own_prefill_s(req.prompt_tokens, 0)
         return min(self.busy_weight_max, max(0.0, wait) / full) if full > 0 else 0.0
 
@@ -169,13 +174,19 @@ class ServeCost:
         """(predicted TTFT, own uncached prefill, cost) of the request on `w` with `hit` cached tokens.
 
         `kept_hit` (default `hit`): the prefix the miss-work term treats as cached. A new replica of a
-        hot prefix pays its prefill in this request's TTFT, honestly, but not again as miss work: the
-        replica is an investment later requests draw on, not work they wait for. `busy`: `busy_weight`
-        of the candidates."""
+        hot prefix pays its prefill in this request's TTFT, honestly, but not again as miss work while
+        some worker has room: the replica is an investment later requests draw on, not work they wait
+        for. `busy`: `busy_weight` of the candidates. When every worker is busy there is no idle
+        capacity for the investment to draw on: busy / (1 + busy) of the replica's prefill is capacity
+        lost to every queued request, miss work like any recompute (the same 1 / (1 + busy) shrinks the
+        replica's TTFT share in policy/kvgate.py), so at overload a hit is kept rather than copied."""
         model = self.ttft.model
         ttft = model.ttft_s(w, req.prompt_tokens - hit, hit, late=self.ttft.late)
-        kept = hit if kept_hit is None else max(hit, kept_hit)
-        miss = model.own_prefill_s(req.prompt_tokens - kept, kept)
+        miss = model.own_prefill_s(req.prompt_tokens - hit, hit)
+        if kept_hit is not None and kept_hit > hit:
+            lost = busy / (1.0 + busy) if self.replica_busy else 0.0  # the share idle capacity cannot pay
+            invested = model.own_prefill_s(req.prompt_tokens - kept_hit, kept_hit)
+            miss = invested + (miss - invested) * lost
         return ttft, miss, ttft + (self.miss_weight * self.displaced(req) + busy) * miss
 
     def cost_s(self, req: RequestView, w: WorkerView, busy: float = 0.0) -> float:

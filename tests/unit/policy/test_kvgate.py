@@ -251,6 +251,38 @@ def test_a_hit_is_capacity_when_every_worker_is_busy() -> None:
     assert off.decide(r, [w("a", 4000), w("b", 2500)], random.Random(0), 0.0).worker == "b"
 
 
+def test_every_queue_running_late_makes_a_hit_capacity_even_with_little_prefill_queued() -> None:
+    # a holds 3 of 4 blocks behind 2 s of queued prefill: TTFT 2 + 0.5 = 2.5 s; b has nothing queued by
+    # the model (2 s miss). Cost without a busy weight: a 2.5 s > b 2 s, the prefix moves. But b's queue
+    # already runs 2.5 s late (a KV-bound engine admits nothing while its queued prefill looks small),
+    # so every worker waits >= 2 s, one full prefill: busy = 1, a 2.5 + 1 x 0.5 = 3 s < b 2 + 1 x 2 = 4 s.
+    r = req({"a": 3})
+    assert POLICY.decide(r, [w("a", 2000), w("b", 0, overdue_s=2.5)], random.Random(0), 0.0).worker == "a"
+    # one late worker alone does not make everyone busy: with b punctual, b's 2 s wins
+    assert POLICY.decide(r, [w("a", 2000, overdue_s=5.0), w("b", 0)], random.Random(0), 0.0).worker == "b"
+
+
+def test_at_overload_a_hot_prefix_stays_on_its_holder_instead_of_copying_its_prefill() -> None:
+    # a hot prefix (5 req/s: a replica expects 5 x 30 / 2 = 75 requests) held whole on a, 3.5 s queued;
+    # b holds nothing, 2 s queued: a replica there costs 2 s + 2 s of prefill, 98.7 % of it discounted as
+    # an investment. Both busy (b has 1 full prefill queued, busy = 1): only 1 / (1 + 1) of the investment
+    # is paid by idle capacity, the other half is capacity lost to every queued request (miss work at
+    # weight busy): b = 4 - 2 x 0.987 / 2 + 1 x 2 x 1/2 = 4.01 s > a's 3.5 s. Without that, b: 3.01 s.
+    hot = req({"a": 4}, prefix_rate=5.0)
+    policy = KvgatePolicy(dataclasses.replace(CONFIG, replicas=ReplicaConfig(hot_rate_per_s=1.0)))
+    d = policy.decide(hot, [w("a", 3500), w("b", 2000)], random.Random(0), 0.0)
+    assert d.worker == "a"
+    assert d.scores["b"]["miss-work"] == pytest.approx(1.0)  # half of b's 2 s replica prefill
+    assert d.scores["b"]["cost"] == pytest.approx(4.0 - 2.0 * (1 - 1 / 76) / 2 + 1.0)
+    # with an idle worker beside it there is capacity to invest: the replica goes to b
+    d = policy.decide(hot, [w("a", 3500), w("b", 0)], random.Random(0), 0.0)
+    assert d.worker == "b" and "replica" in d.reason and d.scores["b"]["miss-work"] == 0.0
+    # routing.ttft.replica_busy = false: the replica's prefill is never miss work (before session 9)
+    ttft = dataclasses.replace(CONFIG.ttft, replica_busy=False)
+    off = KvgatePolicy(dataclasses.replace(CONFIG, ttft=ttft, replicas=ReplicaConfig(hot_rate_per_s=1.0)))
+    assert off.decide(hot, [w("a", 3500), w("b", 2000)], random.Random(0), 0.0).worker == "b"
+
+
 def test_a_recompute_is_charged_by_what_it_displaces_at_the_cluster_load() -> None:
     # a holds the prompt behind a 3 s queue; b is idle: a 2 s miss, plus 2 s of miss work at weight 1.
     # Fixed weight: 3 s < 4 s, held on a. Queueing: at rho 0.2 over 16 workers an arrival finds a free
