@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import sys
@@ -38,6 +39,7 @@ import tempfile
 import time
 import zlib
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,14 +47,19 @@ from typing import Any
 from bench import toy_model
 from bench.demo import PROFILE, WORKERS, prefix_cache_counters, reset_caches
 from bench.emulator import engine_tokenizer
+from bench.emulator.tokenizer import full_block_keys
 from bench.exact_demo import wait_routable
 from bench.live_scenarios import filler_text
 from bench.loadgen import LiveRequest, LiveResult, run_open_loop
+from bench.sim.bounds import reusable_working_set_tokens
+from bench.sim.cluster import simulate
 from bench.sim.load import LoadPlan, scale_to_load
+from bench.sim.policy_router import INDEX_MODELS, PolicyRouter
 from bench.sim.profiles import load_profile, scaled
 from bench.sim.types import SimRequest
 from bench.stack import Stack
 from bench.stats import percentile
+from policy.config import RoutingConfig
 from store.redis_server import free_port
 
 MODEL = "demo-model"
@@ -66,6 +73,7 @@ class Plan:
     input_tokens: list[int]
     time_scale: float
     pressure: float  # the tenants' system prompts (tokens, as the workers count them) / the pooled KV
+    tokens: list[list[int]]  # each request's prompt as the workers tokenize it (chat template applied)
 
     @property
     def rate_model_rps(self) -> float:
@@ -77,12 +85,26 @@ class Plan:
         return self.rate_model_rps / self.load.load
 
 
-def build(
-    seed: int, requests: int, tenants: int, system_tokens: int, output_tokens: int
-) -> list[tuple[LiveRequest, int | None]]:
+@dataclass(frozen=True)
+class Shape:
+    """Request sizes, each drawn uniformly from (lo, hi): filler words of `filler_text` for the prompts
+    (the toy tokenizer makes about 2.1 tokens of one), tokens for the output."""
+
+    system: tuple[int, int] = (3000, 3000)  # a tenant's system prompt
+    user: tuple[int, int] = (30, 200)  # each request's own question
+    output: tuple[int, int] = (16, 16)  # max_tokens
+
+
+def _draw(rng: random.Random, span: tuple[int, int]) -> int:
+    return span[0] if span[0] == span[1] else rng.randint(*span)  # a fixed size draws nothing
+
+
+def build(seed: int, requests: int, tenants: int, shape: Shape) -> list[tuple[LiveRequest, int | None]]:
     """The requests at unit rate (send_at_s in arbitrary units; `plan` rescales them to the load)."""
     rng = random.Random(seed)
-    prompts = [f"You are assistant {t}. " + filler_text(rng, system_tokens) for t in range(tenants)]
+    prompts = [
+        f"You are assistant {t}. " + filler_text(rng, _draw(rng, shape.system)) for t in range(tenants)
+    ]
     weights = [1.0 / (k + 1) ** 0.9 for k in range(tenants)]
     out: list[tuple[LiveRequest, int | None]] = []
     send_at = 0.0
@@ -93,9 +115,9 @@ def build(
             "model": MODEL,
             "messages": [
                 {"role": "system", "content": prompts[tenant]},
-                {"role": "user", "content": f"Question {i}: " + filler_text(rng, rng.randint(30, 200))},
+                {"role": "user", "content": f"Question {i}: " + filler_text(rng, rng.randint(*shape.user))},
             ],
-            "max_tokens": output_tokens,
+            "max_tokens": _draw(rng, shape.output),
         }
         bypass = zlib.crc32(f"t{tenant}".encode()) % WORKERS if rng.random() < BYPASS_SHARE else None
         out.append((LiveRequest(send_at_s=send_at, body=body), bypass))
@@ -107,7 +129,8 @@ def plan(
 ) -> Plan:
     """Arrivals scaled to `load` of the workers' cold capacity by bench/sim/load.py's rule."""
     engine = engine_tokenizer.load(str(tokenizer))
-    lengths = [len(engine.chat(req.body)) for req, _ in raw]
+    tokens = [engine.chat(req.body) for req, _ in raw]
+    lengths = [len(t) for t in tokens]
     sim = [
         SimRequest(i, req.send_at_s, n, int(req.body["max_tokens"]), (), ())  # type: ignore[call-overload]
         for i, ((req, _), n) in enumerate(zip(raw, lengths, strict=True))
@@ -120,7 +143,66 @@ def plan(
     ]
     systems = {str(req.body["messages"][0]["content"]) for req, _ in raw}  # type: ignore[index]
     pressure = sum(len(engine.text(t)) for t in systems) / (blocks * 16 * WORKERS)
-    return Plan(requests, load_plan, lengths, time_scale, pressure)
+    return Plan(requests, load_plan, lengths, time_scale, pressure, tokens)
+
+
+def tenant_of(body: Mapping[str, object]) -> str:
+    """The tenant name the simulator's churn uses (`t{k}`), from the system prompt `build` wrote."""
+    system = str(body["messages"][0]["content"])  # type: ignore[index]
+    return "t" + system.removeprefix("You are assistant ").split(".", 1)[0]
+
+
+def sim_requests(p: Plan, blocks_per_block: int = 16) -> list[SimRequest]:
+    """The live plan as the simulator's churn requests: the same arrivals (model seconds), token counts,
+    output tokens and engine blocks (the emulator's chained keys of the same token ids; a trailing
+    partial block gets an id no other request shares, as the emulator's does), the same requests
+    bypassing (to the same worker: the simulator's crc32(tenant) % workers is `build`'s rule) and w0
+    restarted just before the middle request, as `_drive` does."""
+    out = []
+    fresh = itertools.count(1 << 62)
+    middle = len(p.requests) // 2
+    for i, ((req, w), toks) in enumerate(zip(p.requests, p.tokens, strict=True)):
+        keys = full_block_keys(toks, blocks_per_block)
+        sizes = [blocks_per_block] * len(keys)
+        if len(toks) % blocks_per_block:
+            keys.append(next(fresh))
+            sizes.append(len(toks) % blocks_per_block)
+        tenant = tenant_of(req.body)
+        assert w is None or w == zlib.crc32(tenant.encode()) % WORKERS
+        out.append(
+            SimRequest(
+                i, req.send_at_s / p.time_scale, len(toks), int(req.body["max_tokens"]),  # type: ignore[call-overload]
+                tuple(keys), tuple(sizes), tenant=tenant, bypass=w is not None,
+                restart_before=("w0",) if i == middle else (),
+            )
+        )  # fmt: skip
+    return out
+
+
+def simulate_plan(
+    p: Plan, blocks: int, index: str, *, event_delay_s: float = 0.05, seed: int = 1
+) -> dict[str, float]:
+    """kvgate's policy with index model `index` on the live plan in the simulator (4 engines of `blocks`
+    blocks): the worker hit over all traffic and the routed requests' TTFT percentiles, as `run` reports."""
+    reqs = sim_requests(p)
+    profile = scaled(load_profile(PROFILE), num_gpu_blocks=blocks)
+    router = PolicyRouter(
+        "kvgate", RoutingConfig(policy="kvgate"), seed, index=index, event_delay_s=event_delay_s
+    )
+    result = simulate(reqs, router, profile, WORKERS)
+    by_id = {r.id: r for r in reqs}
+    routed = sorted(
+        r.first_token_s - r.arrival_s
+        for r in result.records
+        if r.first_token_s is not None and not by_id[r.id].bypass
+    )
+    hits, queries = sum(result.prefix_cache_hits.values()), sum(result.prefix_cache_queries.values())
+    return {
+        "hit": hits / max(1, queries),
+        "p50": percentile(routed, 50),
+        "p90": percentile(routed, 90),
+        "p99": percentile(routed, 99),
+    }
 
 
 async def _drive(
@@ -190,6 +272,33 @@ def run(
     }
 
 
+def simulate_all(p: Plan, blocks: int) -> dict[str, dict[str, float]]:
+    return {index: simulate_plan(p, blocks, index) for index in INDEX_MODELS}
+
+
+def print_sim(p: Plan, args: argparse.Namespace, sim: dict[str, dict[str, float]]) -> None:
+    reqs = sim_requests(p)
+    reusable = reusable_working_set_tokens(reqs) / (args.blocks * 16 * WORKERS)
+    print(
+        f"simulator on the same plan ({len(reqs)} requests, {WORKERS} workers x {args.blocks} blocks, load "
+        f"{args.load}; reusable working set {reusable:.2f}x the pooled KV):"
+    )
+    for index, m in sim.items():
+        print(
+            f"  {index:<7} hit {m['hit']:.1%}  p50 {m['p50']:.3f}s  p90 {m['p90']:.3f}s  p99 {m['p99']:.3f}s"
+        )
+    print(f"  approx / exact p90 = {sim['approx']['p90'] / max(1e-9, sim['exact']['p90']):.2f}x")
+
+
+def span(text: str) -> tuple[int, int]:
+    """ "N" or "LO-HI" (a command-line size)."""
+    lo, _, hi = text.partition("-")
+    bounds = (int(lo), int(hi or lo))
+    if not 0 < bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"expected N or LO-HI with 0 < LO <= HI, got {text!r}")
+    return bounds
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.churn_live", description=__doc__)
     parser.add_argument("--requests", type=int, default=400)
@@ -197,21 +306,35 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--time-scale", type=float, default=4.0, help="wall seconds per model second")
     parser.add_argument("--pairs", type=int, default=2, help="approximate/exact pairs, alternating")
     parser.add_argument("--tenants", type=int, default=48)
-    parser.add_argument("--system-tokens", type=int, default=3000)
-    parser.add_argument("--output-tokens", type=int, default=16)
+    parser.add_argument("--system-tokens", type=span, default=(3000, 3000), help="N or LO-HI filler words")
+    parser.add_argument("--user-tokens", type=span, default=(30, 200), help="N or LO-HI filler words")
+    parser.add_argument("--output-tokens", type=span, default=(16, 16), help="N or LO-HI tokens")
     parser.add_argument("--blocks", type=int, default=1500, help="KV blocks (16 tokens) per worker")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="write the runs here")
     parser.add_argument("--logs", type=Path, help="keep process logs here (default: a temporary directory)")
+    parser.add_argument(
+        "--sim-only", action="store_true", help="only the simulator's figures on this plan (no live stack)"
+    )
     args = parser.parse_args(argv)
-    raw = build(args.seed, args.requests, args.tenants, args.system_tokens, args.output_tokens)
+    shape = Shape(args.system_tokens, args.user_tokens, args.output_tokens)
+    raw = build(args.seed, args.requests, args.tenants, shape)
+    with tempfile.TemporaryDirectory(prefix="kvgate-churn-model-") as tmp:
+        p = plan(raw, toy_model.build(Path(tmp) / "model"), args.blocks, args.load, args.time_scale)
+    sim = simulate_all(p, args.blocks)
+    if args.sim_only:
+        print_sim(p, args, sim)
+        if args.json is not None:
+            args.json.write_text(
+                json.dumps({"args": vars(args) | {"json": str(args.json)}, "sim": sim}, indent=1)
+            )
+        return 0
     runs: list[dict[str, object]] = []
     with (
         tempfile.TemporaryDirectory(prefix="kvgate-churn-") as tmp,
         Stack(log_dir=args.logs or Path(tmp)) as stack,
     ):
-        tokenizer = toy_model.build(Path(tmp) / "model")
-        p = plan(raw, tokenizer, args.blocks, args.load, args.time_scale)
+        tokenizer = toy_model.build(Path(tmp) / "model")  # the same model `plan` tokenized with
         wall_rps, mean_prompt = p.rate_model_rps / args.time_scale, sum(p.input_tokens) / len(p.input_tokens)
         print(
             f"cold capacity {p.cold_capacity_rps:.2f} req/s (model time, {WORKERS} workers); offering "
@@ -250,10 +373,11 @@ def main(argv: list[str]) -> int:
         a, e = runs[2 * k], runs[2 * k + 1]
         ratio = float(a["p90"]) / max(1e-9, float(e["p90"]))  # type: ignore[arg-type]
         print(f"pair {k + 1}: TTFT p90 approximate / exact = {ratio:.2f}×")
+    print_sim(p, args, sim)
     if args.json is not None:
         saved = vars(args) | {"json": str(args.json), "logs": str(args.logs)}
         out = {"args": saved, "cold_capacity_rps": p.cold_capacity_rps, "rate_model_rps": p.rate_model_rps}
-        args.json.write_text(json.dumps(out | {"pressure": p.pressure, "runs": runs}, indent=1))
+        args.json.write_text(json.dumps(out | {"pressure": p.pressure, "runs": runs, "sim": sim}, indent=1))
     return 0  # the restart's running requests fail: errors are reported, not a failed benchmark
 
 

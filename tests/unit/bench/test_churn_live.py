@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench import toy_model
-from bench.churn_live import build, plan
+from bench.churn_live import Shape, build, plan
 from bench.demo import PROFILE, WORKERS
 from bench.sim.load import offered_load
 from bench.sim.profiles import load_profile
@@ -15,7 +15,7 @@ from bench.sim.types import SimRequest
 
 
 def test_a_fifth_bypasses_the_gateway_and_each_tenant_bypasses_to_one_worker() -> None:
-    requests = build(1, 400, 24, 300, 16)
+    requests = build(1, 400, 24, Shape((300, 300)))
     bypass = [(req.body["messages"][0]["content"], w) for req, w in requests if w is not None]  # type: ignore[index]
     assert 0.12 < len(bypass) / len(requests) < 0.28
     by_tenant: dict[object, set[int]] = {}
@@ -24,7 +24,7 @@ def test_a_fifth_bypasses_the_gateway_and_each_tenant_bypasses_to_one_worker() -
     assert all(len(ws) == 1 for ws in by_tenant.values())
     assert all(0 <= w < WORKERS for _, w in bypass)
     assert [r.send_at_s for r, _ in requests] == sorted(r.send_at_s for r, _ in requests)
-    assert build(1, 400, 24, 300, 16) == requests  # deterministic per seed
+    assert build(1, 400, 24, Shape((300, 300))) == requests  # deterministic per seed
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_plan_offers_the_asked_load_of_the_engine_models_cold_capacity(tokenizer: Path) -> None:
-    raw = build(1, 60, 8, 300, 16)
+    raw = build(1, 60, 8, Shape((300, 300)))
     p = plan(raw, tokenizer, 1500, 1.6, 4.0)
     # in model seconds (wall / time scale), by the simulator's own rule, at the workers' token counts
     timed = zip(p.requests, p.input_tokens, strict=True)
