@@ -1,11 +1,22 @@
 """The churn scenario live (issue 13): approximate against exact prefix index on emulated workers.
 
-The simulator's `churn` (bench/sim/scenarios.py) at the scale of one machine: 4 emulated vLLM workers
-with `--blocks` KV blocks each, `--tenants` system prompts (Zipf s = 0.9) whose working set is larger
-than the pooled KV, a fifth of the requests sent straight to one worker per tenant (clients that bypass
-the gateway), and worker w0 restarted halfway through: its emulator process is killed (SIGKILL) and
-started again on the same port, so its running requests fail, its whole KV cache is gone, its Prometheus
-counters start over and its KV-event publisher starts again at sequence 0.
+The simulator's `churn` (bench/sim/scenarios.py) on 4 emulated vLLM workers instead of 8, by default with
+its sizes: `--tenants` 400 system prompts (800 on 8 workers) of 4k-16k tokens (filler words 1900-7600:
+the toy tokenizer makes about 2.1 tokens of one), Zipf s = 0.9, each request adding its own 100-800
+tokens and asking for 100-400 output tokens, `--requests` 2000 (500 per worker, as 4000 on 8), KV pools of
+the profile's 27,284 blocks; a fifth of the requests sent straight to one worker per tenant (clients that
+bypass the gateway), and worker w0 restarted halfway through: its emulator process is killed (SIGKILL)
+and started again on the same port, so its running requests fail, its whole KV cache is gone, its
+Prometheus counters start over and its KV-event publisher starts again at sequence 0.
+
+Session 8's default (24 tenants of 6.6k tokens on 1,500-block pools, 16 output tokens, 300 requests) is
+`--tenants 24 --system-tokens 3000 --user-tokens 30-200 --output-tokens 16 --blocks 1500 --requests 300
+--time-scale 4 --stream-interval-ms 20`: a prompt there is 28 % of a worker's KV (the simulator's: 2.3 %),
+and on that plan the simulator itself has approximate ahead of exact (docs/BENCHMARKS.md, session 9).
+
+`--sim` (or `--sim-only`, no live stack) also runs the simulator on this very plan (`sim_requests`: the
+same arrivals, token ids as engine blocks, bypass traffic and restart) with the index models exact,
+approx and oracle, 4 engines of `--blocks`: the live figures' simulated twins, and the oracle live lacks.
 
 Offered load, as in the simulator: `--load L` is the fraction of the 4 workers' cold capacity, the rule
 of bench/sim/load.py applied to this plan. W(request) is the engine model's cold prefill of the prompt
@@ -15,16 +26,16 @@ that same engine model (bench/sim/engine.py, profile h100-llama3.1-8b with `--bl
 cold capacity, not an estimate from a different model. `--time-scale S` runs the emulated GPUs S times
 slower than modelled (wall = S x model seconds) and the arrivals S times further apart, so the
 gateway's own CPU on this small machine weighs 1/S as much; TTFTs are reported in model seconds
-(wall / S), the simulator's unit.
+(wall / S), the simulator's unit. The workers flush decoded tokens every `--stream-interval-ms` (wall;
+500 by default: TTFT does not wait for it, and fewer SSE chunks through the gateway spare the CPU).
 
-Modes alternate `--pairs` times: approximate (agents without KV events, gateway `prefix_mode =
-"approximate"`), then exact (agents with `--kv-events`, gateway `prefix_mode = "exact"` with the local
-tokenizer, bench/toy_model.py; the workers load the same). Caches are reset before each run. Prints the
-routed requests' TTFT p50/p90/p99 and errors, the bypass requests' errors, and the workers' own
-prefix-cache hit rate over all traffic. There is no live oracle: the simulator reports that one
-(`kvgate bench sim --scenario churn --policies kvgate --index exact,approx,oracle --load L`).
+Each pair runs approximate (agents without KV events, gateway `prefix_mode = "approximate"`) and exact
+(agents with `--kv-events`, gateway `prefix_mode = "exact"` with the local tokenizer, bench/toy_model.py;
+the workers load the same), `--first` first. Caches are reset before each run. Prints the routed
+requests' TTFT p50/p90/p99 and errors, the bypass requests' errors, and the workers' own prefix-cache
+hit rate over all traffic; the JSON adds per-worker p90 and the gateway's routing reasons.
 
-    flock /tmp/kvgate-heavy.lock python -m bench.churn_live [--load 1.6] [--time-scale 4] [--pairs 2]
+    flock /tmp/kvgate-heavy.lock python -m bench.churn_live [--first exact] [--pairs 1] [--sim]
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ import random
 import sys
 import tempfile
 import time
+import urllib.request
 import zlib
 from collections import Counter
 from collections.abc import Mapping
@@ -228,6 +240,30 @@ async def _drive(
     return results, [r for rs in bypass for r in rs], before[0], before[1]
 
 
+GATEWAY_SUMS = (
+    "kvgate_routing_reasons_total",
+    "kvgate_tokenize_seconds_sum",
+    "kvgate_tokenize_seconds_count",
+    "kvgate_admission_wait_seconds_sum",
+    "kvgate_admission_wait_seconds_count",
+    "kvgate_hot_path_cpu_seconds_sum",
+    "kvgate_hot_path_cpu_seconds_count",
+    "kvgate_prefix_fallbacks_total",
+)
+
+
+def gateway_sums(metrics_url: str) -> dict[str, float]:
+    """The gateway's own account of a run: routing reasons by label set, tokenize and admission time."""
+    with urllib.request.urlopen(f"{metrics_url}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(GATEWAY_SUMS):
+            series, _, value = line.rpartition(" ")
+            out[series] = out.get(series, 0.0) + float(value)
+    return out
+
+
 def set_agents(stack: Stack, endpoints: dict[str, str], kv_events: bool) -> None:
     for i, url in enumerate(stack.worker_urls):
         stack.stop_process(f"agent-w{i}")
@@ -252,6 +288,7 @@ def run(
     results, bypass, w0_hits, w0_queries = asyncio.run(_drive(stack, gateway, p))
     wall = time.monotonic() - t0
     hits1, queries1 = prefix_cache_counters(stack.worker_urls)  # w0's counters started over at its restart
+    gateway_metrics = gateway_sums(stack.metrics_urls[gateway])
     stack.stop_process(f"gateway-{tag}")
     s = p.time_scale
     ttfts = sorted(r.ttft_s / s for r in results if r.ok and r.ttft_s is not None)
@@ -268,6 +305,13 @@ def run(
         # the routed requests' own cached share (usage.prompt_tokens_details) and where they went
         "routed_hit": sum(r.cached_tokens for r in results) / max(1, sum(r.prompt_tokens for r in results)),
         "by_worker": dict(sorted(Counter(str(r.worker) for r in results).items())),
+        "p90_by_worker": {
+            w: percentile(
+                sorted(r.ttft_s / s for r in results if r.ok and r.ttft_s is not None and r.worker == w), 90
+            )
+            for w in sorted({r.worker for r in results if r.ok and r.ttft_s is not None}, key=str)
+        },
+        "gateway": gateway_metrics,
         "error_kinds": dict(Counter(f"{r.status} {r.error}"[:80] for r in [*results, *bypass] if not r.ok)),
     }
 
@@ -301,18 +345,29 @@ def span(text: str) -> tuple[int, int]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.churn_live", description=__doc__)
-    parser.add_argument("--requests", type=int, default=400)
+    # defaults: the simulator's churn (bench/sim/scenarios.py) on 4 workers, see the module docstring
+    parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--load", type=float, default=1.6, help="fraction of the workers' cold capacity")
-    parser.add_argument("--time-scale", type=float, default=4.0, help="wall seconds per model second")
-    parser.add_argument("--pairs", type=int, default=2, help="approximate/exact pairs, alternating")
-    parser.add_argument("--tenants", type=int, default=48)
-    parser.add_argument("--system-tokens", type=span, default=(3000, 3000), help="N or LO-HI filler words")
-    parser.add_argument("--user-tokens", type=span, default=(30, 200), help="N or LO-HI filler words")
-    parser.add_argument("--output-tokens", type=span, default=(16, 16), help="N or LO-HI tokens")
-    parser.add_argument("--blocks", type=int, default=1500, help="KV blocks (16 tokens) per worker")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per model second")
+    parser.add_argument("--pairs", type=int, default=1, help="approximate/exact pairs")
+    parser.add_argument(
+        "--first", choices=("approximate", "exact"), default="approximate", help="each pair's first"
+    )
+    parser.add_argument("--tenants", type=int, default=400)
+    parser.add_argument("--system-tokens", type=span, default=(1900, 7600), help="N or LO-HI filler words")
+    parser.add_argument("--user-tokens", type=span, default=(48, 380), help="N or LO-HI filler words")
+    parser.add_argument("--output-tokens", type=span, default=(100, 400), help="N or LO-HI tokens")
+    parser.add_argument("--blocks", type=int, default=27284, help="KV blocks (16 tokens) per worker")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--stream-interval-ms",
+        type=float,
+        default=20.0,
+        help="the workers flush decoded tokens this often (wall)",
+    )
     parser.add_argument("--json", type=Path, help="write the runs here")
     parser.add_argument("--logs", type=Path, help="keep process logs here (default: a temporary directory)")
+    parser.add_argument("--sim", action="store_true", help="also the simulator's figures on this plan")
     parser.add_argument(
         "--sim-only", action="store_true", help="only the simulator's figures on this plan (no live stack)"
     )
@@ -321,7 +376,7 @@ def main(argv: list[str]) -> int:
     raw = build(args.seed, args.requests, args.tenants, shape)
     with tempfile.TemporaryDirectory(prefix="kvgate-churn-model-") as tmp:
         p = plan(raw, toy_model.build(Path(tmp) / "model"), args.blocks, args.load, args.time_scale)
-    sim = simulate_all(p, args.blocks)
+    sim = simulate_all(p, args.blocks) if args.sim or args.sim_only else {}
     if args.sim_only:
         print_sim(p, args, sim)
         if args.json is not None:
@@ -349,10 +404,11 @@ def main(argv: list[str]) -> int:
             stack.start_worker(
                 wid, model=MODEL, profile=PROFILE, time_scale=args.time_scale,
                 extra=["--num-gpu-blocks", str(args.blocks), "--kv-events-endpoint", endpoints[wid],
-                       "--tokenizer", str(tokenizer)],
+                       "--tokenizer", str(tokenizer), "--stream-interval-ms", str(args.stream_interval_ms)],
             )  # fmt: skip
+        order = ("approximate", "exact") if args.first == "approximate" else ("exact", "approximate")
         for k in range(args.pairs):
-            for mode in ("approximate", "exact"):
+            for mode in order:
                 print(f"{mode} run {k + 1} ...", file=sys.stderr)
                 r = run(stack, mode, p, tokenizer, endpoints, f"{mode}-{k + 1}")
                 runs.append({"mode": mode, "pair": k + 1, **r})
@@ -370,10 +426,12 @@ def main(argv: list[str]) -> int:
             f"{r['p99']:>7.3f}s {r['errors']:>6.0f} {r['bypass_errors']:>6.0f}"
         )
     for k in range(args.pairs):
-        a, e = runs[2 * k], runs[2 * k + 1]
+        pair = {r["mode"]: r for r in runs if r["pair"] == k + 1}
+        a, e = pair["approximate"], pair["exact"]
         ratio = float(a["p90"]) / max(1e-9, float(e["p90"]))  # type: ignore[arg-type]
         print(f"pair {k + 1}: TTFT p90 approximate / exact = {ratio:.2f}×")
-    print_sim(p, args, sim)
+    if sim:
+        print_sim(p, args, sim)
     if args.json is not None:
         saved = vars(args) | {"json": str(args.json), "logs": str(args.logs)}
         out = {"args": saved, "cold_capacity_rps": p.cold_capacity_rps, "rate_model_rps": p.rate_model_rps}
