@@ -56,6 +56,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from bench import toy_model
 from bench.demo import PROFILE, WORKERS, prefix_cache_counters, reset_caches
 from bench.emulator import engine_tokenizer
@@ -265,9 +267,17 @@ def gateway_sums(metrics_url: str) -> dict[str, float]:
 
 
 def set_agents(stack: Stack, endpoints: dict[str, str], kv_events: bool) -> None:
-    for i, url in enumerate(stack.worker_urls):
+    """New agents for the next run, on an empty Redis: the previous run's index entries, routing history
+    and leases are gone, so each run starts as the first of a job does."""
+    for i in range(len(stack.worker_urls)):
         stack.stop_process(f"agent-w{i}")
         stack.processes = [p for p in stack.processes if p.name != f"agent-w{i}"]
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    for i, url in enumerate(stack.worker_urls):
         extra = ["--kv-events", endpoints[f"w{i}"]] if kv_events else []
         stack.start_agent(f"w{i}", url, model=MODEL, extra=extra)
 
