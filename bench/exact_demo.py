@@ -29,6 +29,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -146,7 +147,10 @@ def run(
     ttft0 = worker_ttft(stack.worker_urls)
     cpu0 = cpu_seconds(stack)
     started = time.perf_counter()
-    requests = scenario.build()
+    # an x-request-id per request: the decision records of two modes pair up request by request
+    requests = [
+        replace(q, headers={**q.headers, "x-request-id": f"demo-{i}"}) for i, q in enumerate(scenario.build())
+    ]
     results = asyncio.run(run_open_loop(gateway, requests))
     wall_s = time.perf_counter() - started
     hits1, queries1 = prefix_cache_counters(stack.worker_urls)

@@ -121,6 +121,7 @@ class Admission:
         if state.session is not None:
             ctx.sessions.routed(result.route, state.session)
         state.queued_s = now_s() - started
+        state.marks["routed"] = now_s()  # PROBE
         state.held = result.held()
         ctx.metrics.admission_wait.observe(state.queued_s, parsed.model, state.band_name, state.arm)
 
@@ -153,7 +154,7 @@ class Admission:
             return e
         self.ctx.metrics.open_admissions.inc(ticket.model, "admitted")
         self.ctx.router.reserve(route)
-        self.ctx.router.record(route)
+        self.ctx.router.record_soon(route)
         return Placed(lease, route, "", 0, 0)
 
     async def _session_lookup(self, model: str, ref: SessionRef) -> None:

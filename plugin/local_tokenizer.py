@@ -33,8 +33,9 @@ one parallel `encode_batch` (tests/property/test_local_tokenizer_incremental.py 
 a whole-text encode).
 
 Event loop: `blocks_async` runs on the loop and yields to it every ~0.25 ms of its own work
-(`LOOP_SLICE_S`): the chat template renders there (jinja2 generates it a message at a time), then the
-cut and the cache lookup, then the hashing, 32 blocks between two looks at the clock. New text under 16k
+(`LOOP_SLICE_S`), the first time after ~1 ms (`FIRST_SLICE_S`: a warm prompt does not yield): the chat
+template renders there (jinja2 generates it a message at a time), then the cut and the cache lookup,
+then the hashing, 32 blocks between two looks at the clock. New text under 16k
 characters in all (a warm prompt's tail) is encoded on the loop in one call (the loop waits ~1-2 ms).
 More than that (a cold prompt) goes to the one encoder thread, where cold prompts take turns; it encodes
 one chunk per `encode_batch_fast` call, and a batch of one runs on the calling thread with the GIL
@@ -72,6 +73,10 @@ from plugin.chat_template import (
 from policy.prefix import token_block_hashes
 
 LOOP_SLICE_S = 0.00025  # blocks_async works on the loop about this long between two yields
+# ... except before its first yield: a prompt whose work on the loop is shorter (a warm one) never yields.
+# Each yield waits behind the other flows' ready work: in the gateway a warm prompt of ~0.3 ms CPU took
+# ~1 ms p50 received -> tokenized with 0.25 ms slices (docs/BENCHMARKS.md, issue 13 session 9)
+FIRST_SLICE_S = 0.001
 HASH_STEP_BLOCKS = 32  # blocks hashed between two checks of the time (~0.05-0.15 ms)
 THREAD_MIN_CHARS = 16_384  # this much new text (~4k tokens, >1.5 ms) is encoded in a worker thread
 CHUNK_CHARS = 1024  # a piece twice as long is encoded in chunks of about this size (module docstring)
@@ -511,12 +516,13 @@ class LocalTokenizer:
 
 
 class _Pacer:
-    """Yields to the loop once LOOP_SLICE_S has passed since the last yield (or since it was made)."""
+    """Yields to the loop once LOOP_SLICE_S has passed since the last yield, the first time once
+    FIRST_SLICE_S has passed since it was made."""
 
     __slots__ = ("since",)
 
     def __init__(self) -> None:
-        self.since = time.perf_counter()
+        self.since = time.perf_counter() + FIRST_SLICE_S - LOOP_SLICE_S
 
     async def pace(self) -> None:
         if time.perf_counter() - self.since >= LOOP_SLICE_S:

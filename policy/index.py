@@ -44,7 +44,7 @@ class PrefixIndex:
         self.default_capacity_blocks = default_capacity_blocks
         self.speculative_ttl_s = speculative_ttl_s
         self._capacity: dict[str, int] = {}
-        self._lru: dict[str, OrderedDict[int, float]] = {}  # worker -> hash -> last touched (s)
+        self._lru: dict[str, OrderedDict[int, float]] = {}  # worker -> hash -> when entered (s), LRU order
         self._holders: dict[int, set[str]] = {}
         self._kind: dict[str, str] = {}  # worker -> "exact" (publishes KV events); absent = approximate
         self._speculative: dict[str, dict[int, float]] = {}  # exact worker -> unconfirmed hash -> expiry
@@ -76,11 +76,15 @@ class PrefixIndex:
     # -- queries -------------------------------------------------------------------------------------
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         """worker -> number of leading blocks of `hashes` it holds (workers holding none are absent)."""
+        found = list(map(self._holders.get, hashes))  # one C-level pass (a prompt has hundreds of blocks)
+        end = found.index(None) if None in found else len(found)  # the first block nobody holds
+        first = found[0] if end else None
+        if first and found[:end].count(first) == end:  # the same holders all the way (the common case)
+            return dict.fromkeys(set(first), end)
         result: dict[str, int] = {}
         alive: set[str] | None = None
         matched = 0  # leading blocks every worker in `alive` holds
-        for h in hashes:
-            holders = self._holders.get(h)
+        for holders in found[:end]:
             if not holders:
                 break
             if alive is None:
@@ -104,7 +108,7 @@ class PrefixIndex:
         if worker not in self._kind:
             return "approximate"
         unconfirmed = self._speculative.get(worker)
-        if unconfirmed and any(h in unconfirmed for h in hashes[:blocks]):
+        if unconfirmed and not unconfirmed.keys().isdisjoint(hashes[:blocks]):
             return "speculative"
         return "exact"
 
@@ -168,10 +172,10 @@ class PrefixIndex:
             lru = self._lru[worker] = OrderedDict()
         for h in reversed(hashes):
             if h in lru:
-                lru.move_to_end(h)
+                lru.move_to_end(h)  # (its value, the time it was first entered, is not read)
             else:
                 self._holders.setdefault(h, set()).add(worker)
-            lru[h] = now_s
+                lru[h] = now_s
         self._evict(worker)
 
     def remove(self, worker: str, hashes: Iterable[int]) -> None:

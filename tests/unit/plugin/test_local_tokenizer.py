@@ -7,8 +7,11 @@ text, the real Llama 3 and Qwen 2.5 chat templates). Nothing is downloaded.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ import pytest
 
 from bench import toy_model
 from bench.emulator.engine_tokenizer import HfTokenizer
+from plugin import local_tokenizer
 from plugin.chat_template import TemplateError
 from plugin.local_tokenizer import LocalTokenizer, LocalTokenizerError, reference_hashes
 
@@ -201,3 +205,35 @@ def test_only_known_pre_tokenizers_are_chunked(tmp_path: Path) -> None:
         assert tok.chunk_chars == 0, pre
         long = "word " * 2000
         assert tok.chunks(long) == [long]
+
+
+async def test_the_pacer_yields_only_after_its_first_slice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Work shorter than FIRST_SLICE_S (a warm prompt) runs without yielding, since each yield waits
+    behind the other flows; longer work yields every LOOP_SLICE_S from then on."""
+    clock = [100.0]
+    monkeypatch.setattr(local_tokenizer.time, "perf_counter", lambda: clock[0])
+    yields = []
+    sleep = asyncio.sleep
+
+    async def counted(delay: float) -> None:
+        yields.append(clock[0])
+        await sleep(delay)
+
+    monkeypatch.setattr(local_tokenizer.asyncio, "sleep", counted)
+    step = 0.0001
+
+    def steps(n: int) -> Iterator[int | None]:
+        for _ in range(n):
+            clock[0] += step
+            yield None
+        yield n
+
+    short = round(local_tokenizer.FIRST_SLICE_S / step) - 1
+    assert await local_tokenizer._Pacer().run(steps(short)) == short
+    assert yields == []
+    n = 40
+    await local_tokenizer._Pacer().run(steps(n))
+    first = round(local_tokenizer.FIRST_SLICE_S / step)
+    every = math.ceil(round(local_tokenizer.LOOP_SLICE_S / step, 6))
+    assert len(yields) == 1 + (n - first) // every
+    assert yields[0] == pytest.approx(100.0 + (short + first) * step)
