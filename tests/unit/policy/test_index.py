@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from policy.index import PrefixIndex
@@ -147,8 +149,6 @@ def test_match_and_match_kind_equal_a_block_by_block_walk(seed: int) -> None:
     """`match` takes a one-pass shortcut when the same workers hold every leading block, and
     `match_kind` a set test: both equal the definition on random chains, replicas, removals and
     speculative entries (worker -> leading blocks it holds; any matched block unconfirmed)."""
-    import random
-
     rng = random.Random(seed)
     idx = PrefixIndex(rng.choice([8, 40, 1000]))
     workers = ["a", "b", "c"]
@@ -168,7 +168,7 @@ def test_match_and_match_kind_equal_a_block_by_block_walk(seed: int) -> None:
         else:
             idx.clear(w)
         idx.expire(step - 3.0)
-        query = rng.choice(chains) + [rng.getrandbits(62)]
+        query = [*rng.choice(chains), rng.getrandbits(62)]
         expected = {}
         for v in workers:
             n = 0
