@@ -67,6 +67,7 @@ from plugin.chat_template import (
     TemplateError,
     compile_from,
     compile_template,
+    reads_ahead,
     render,
     special_tokens,
 )
@@ -238,6 +239,11 @@ class LocalTokenizer:
         self.template_from: jinja2.Template | None = None
         if self.template is not None and self.incremental and _splits_locally(added):
             self.template_from = compile_from(source) if isinstance(source, str) else None
+        # where message j's text starts is kept under the key of messages[:j + 1], or of messages[:j]
+        # when the template never reads the next message (chat_template.reads_ahead): then a chat that
+        # shares its first messages with a seen one and differs from there on (a shared system prompt and
+        # a new question) is rendered from its first new message
+        self._key_back = 1 if isinstance(source, str) and not reads_ahead(source) else 0
         self._seen: LRUCache[int, _Seen] = LRUCache(maxsize=max(1, chain_entries))
         self._chains: LRUCache[tuple[tuple[int, int], int, str], _Chain] = LRUCache(
             maxsize=max(1, chain_entries)
@@ -332,8 +338,9 @@ class LocalTokenizer:
         start, base = 0, None
         if template is self.template_from:
             keys = self._message_keys(rendering)
+            back = self._key_back
             for j in range(len(keys) - 1, 0, -1) if memo else ():
-                found = self._seen.get(keys[j])
+                found = self._seen.get(keys[j - back])
                 if found is not None:
                     start, base = j, found
                     break
@@ -356,7 +363,7 @@ class LocalTokenizer:
         begin = base.key[1] if base is not None else 0
         for j in (len(keys) - 1, len(keys) - 2):  # kept for the next turn, and for a new last message
             if j >= 1 and j in marks:
-                out.memo[begin + marks[j] - offset] = keys[j]
+                out.memo[begin + marks[j] - offset] = keys[j - self._key_back]
         yield out
 
     def _message_keys(self, rendering: Rendering) -> list[int]:
