@@ -121,7 +121,6 @@ class Admission:
         if state.session is not None:
             ctx.sessions.routed(result.route, state.session)
         state.queued_s = now_s() - started
-        state.marks["routed"] = now_s()  # PROBE
         state.held = result.held()
         ctx.metrics.admission_wait.observe(state.queued_s, parsed.model, state.band_name, state.arm)
 

@@ -7,7 +7,6 @@ when the client did not (so the gateway can meter it; the usage chunk is strippe
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from mitmproxy import http
@@ -60,7 +59,6 @@ class Dispatch:
         previous = route.view.sticky_worker  # where this prefix's previous request went (policy/state.py)
         if previous is not None and previous != route.worker.id:
             self.metrics.prefix_switches.inc(parsed.model, state.arm)
-        state.marks["sent"] = time.monotonic()  # PROBE
 
 
 # Never forwarded from a client: hop-by-hop headers (RFC 9110 §7.6.1; framing headers stay, mitmproxy

@@ -121,8 +121,6 @@ class FlowState:
     arm: str = "default"
     # hot-path CPU per stage so far, ns (plugin/metrics.py HotPathCpu: added under the arm on release)
     stage_ns: dict[str, int] = field(default_factory=dict)
-    # PROBE: monotonic time at each step of the request path (decision record `timing_ms`)
-    marks: dict[str, float] = field(default_factory=dict)
 
     @property
     def model(self) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import re
 import secrets
-import time
 from time import perf_counter_ns
 
 from mitmproxy import http
@@ -133,9 +132,7 @@ class Intake:
             except ValueError as e:
                 raise GatewayError(400, "invalid_request", str(e)) from None
             state.stage_ns["hash"] = perf_counter_ns() - hashing  # exact mode's /tokenize: its own metric
-            state.marks["hashed"] = now_s()  # PROBE
             if exact:  # token ids (local tokenizer or a worker); the text-chunk hashes only if none
-                cpu0 = time.thread_time()  # PROBE
                 prompt = await ctx.router.exact_prompt(
                     parsed.body,
                     parsed.model,
@@ -143,9 +140,7 @@ class Intake:
                     ctx.workers.routable(parsed.model),
                     request_for=endpoint.tokenize_request,
                 )
-                state.marks["tokenize_cpu"] = state.received_at + time.thread_time() - cpu0  # PROBE
             state.prompt = prompt
-            state.marks["tokenized"] = now_s()  # PROBE
         except GatewayError as e:
             state.refused = ("intake", e.code, e.message)
             flow.response = e.to_response()

@@ -57,7 +57,6 @@ class Release:
                 ours.append(("x-kvgate-reroutes", str(held.reroutes)))
             ours.append(("x-kvgate-request-id", state.request_id))
             put_headers(response.headers, ours)
-        state.marks["headers"] = time.monotonic()  # PROBE
         if state.route is None:
             return  # answered locally
         if response.headers.get("content-type", "").startswith("text/event-stream"):
@@ -188,7 +187,6 @@ class Release:
                 record["cached_tokens"] = usage.cached_tokens
                 metrics.cached_tokens.inc(model, arm, by=usage.cached_tokens)
                 metrics.actual_cached.inc(model, route.worker.id, arm, by=usage.cached_tokens)
-        record["timing_ms"] = _timing(flow, state, usage)  # PROBE
         ctx.decisions.record(record, _blocks(state))  # prefix_hashes and block_tokens: encoded apart
 
     def _common_record(self, state: FlowState, status: int, error: str) -> dict[str, Any]:
@@ -227,25 +225,6 @@ class Release:
         record.update(worker=None, refused_by=step, reason=reason, detail=detail)
         record.update(state.held.record() if state.held is not None else NOT_HELD)
         return record
-
-
-def _timing(flow: http.HTTPFlow, state: FlowState, usage: Usage | None) -> dict[str, float]:
-    """PROBE: ms from the request hook's start to each step (wall-clock mitmproxy stamps converted)."""
-    t0 = state.received_at
-    offset = time.time() - time.monotonic()  # wall - monotonic
-    out = {k: round((v - t0) * 1000, 3) for k, v in state.marks.items()}
-    req = flow.request
-    if req.timestamp_end is not None:
-        out["client_read_end"] = round((req.timestamp_end - offset - t0) * 1000, 3)
-    out["client_read_start"] = round((req.timestamp_start - offset - t0) * 1000, 3)
-    server = flow.server_conn
-    if server.timestamp_tcp_setup is not None:
-        out["tcp_setup"] = round((server.timestamp_tcp_setup - offset - t0) * 1000, 3)
-    if flow.response is not None:
-        out["resp_start"] = round((flow.response.timestamp_start - offset - t0) * 1000, 3)
-    if usage is not None and usage.first_token_at is not None:
-        out["first_token"] = round((usage.first_token_at - t0) * 1000, 3)
-    return out
 
 
 def _blocks(state: FlowState) -> Blocks | None:
