@@ -17,11 +17,11 @@ seen after a different prefix. With a chat template of the message-local form (p
 `compile_from`) and added tokens that neither overlap nor contain one another (`_splits_locally`), a chat
 is rendered only from the last message whose prefix was seen: `_seen` keeps, under a hash of the
 messages up to a message and of the rest of what the template reads, the cut key where that message's
-text started, so the render, the cut and the lookup skip the seen messages (with a 30k-token seen prefix,
-~1.8 ms of the loop's time became ~0.6 ms; docs/BENCHMARKS.md). With a template that never reads the next
-message (`chat_template.reads_ahead`), the key is that of the messages before it, so a chat sharing only
-its first messages with a seen one (a system prompt, then a new question) skips them too. If that key's
-chain is no longer cached, the text is rendered whole. A tokenizer whose added tokens strip neighbouring whitespace, match
+text started, so the render, the cut and the lookup skip the seen messages (with a 30k-token seen
+prefix, ~1.8 ms of the loop's time became ~0.6 ms; docs/BENCHMARKS.md). With a template that never reads
+the next message (`chat_template.reads_ahead`), the key is that of the messages before it, so a chat
+sharing only its first messages with a seen one (a system prompt, then a new question) skips them too.
+If that key's chain is no longer cached, the text is rendered whole. A tokenizer whose added tokens strip neighbouring whitespace, match
 only whole words, or match normalized text, or whose pre-tokenizer depends on the position in the
 input (Metaspace `prepend_scheme = "first"`), is not cut: its prompts are encoded whole (exact, not
 incremental).
