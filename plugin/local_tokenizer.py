@@ -21,9 +21,9 @@ text started, so the render, the cut and the lookup skip the seen messages (with
 prefix, ~1.8 ms of the loop's time became ~0.6 ms; docs/BENCHMARKS.md). With a template that never reads
 the next message (`chat_template.reads_ahead`), the key is that of the messages before it, so a chat
 sharing only its first messages with a seen one (a system prompt, then a new question) skips them too.
-If that key's chain is no longer cached, the text is rendered whole. A tokenizer whose added tokens strip neighbouring whitespace, match
-only whole words, or match normalized text, or whose pre-tokenizer depends on the position in the
-input (Metaspace `prepend_scheme = "first"`), is not cut: its prompts are encoded whole (exact, not
+If that key's chain is no longer cached, the text is rendered whole. A tokenizer whose added tokens
+strip neighbouring whitespace, match only whole words, or match normalized text, or whose pre-tokenizer
+depends on the position in the input (Metaspace `prepend_scheme = "first"`), is not cut: its prompts are encoded whole (exact, not
 incremental).
 
 Long new pieces are cut again, into chunks of about `CHUNK_CHARS`, where the pre-tokenizer splits
