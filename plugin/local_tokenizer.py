@@ -23,8 +23,8 @@ the next message (`chat_template.reads_ahead`), the key is that of the messages 
 sharing only its first messages with a seen one (a system prompt, then a new question) skips them too.
 If that key's chain is no longer cached, the text is rendered whole. A tokenizer whose added tokens
 strip neighbouring whitespace, match only whole words, or match normalized text, or whose pre-tokenizer
-depends on the position in the input (Metaspace `prepend_scheme = "first"`), is not cut: its prompts are encoded whole (exact, not
-incremental).
+depends on the position in the input (Metaspace `prepend_scheme = "first"`), is not cut: its prompts are
+encoded whole (exact, not incremental).
 
 Long new pieces are cut again, into chunks of about `CHUNK_CHARS`, where the pre-tokenizer splits
 anyway: at a space after a printable ASCII character and before an ASCII letter, for the pre-tokenizers
