@@ -76,15 +76,11 @@ class PrefixIndex:
     # -- queries -------------------------------------------------------------------------------------
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         """worker -> number of leading blocks of `hashes` it holds (workers holding none are absent)."""
-        found = list(map(self._holders.get, hashes))  # one C-level pass (a prompt has hundreds of blocks)
-        end = found.index(None) if None in found else len(found)  # the first block nobody holds
-        first = found[0] if end else None
-        if first and found[:end].count(first) == end:  # the same holders all the way (the common case)
-            return dict.fromkeys(set(first), end)
         result: dict[str, int] = {}
         alive: set[str] | None = None
         matched = 0  # leading blocks every worker in `alive` holds
-        for holders in found[:end]:
+        for h in hashes:
+            holders = self._holders.get(h)
             if not holders:
                 break
             if alive is None:

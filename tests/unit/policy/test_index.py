@@ -145,10 +145,10 @@ def test_speculative_entries_do_not_evict_what_an_exact_worker_holds() -> None:
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_match_and_match_kind_equal_a_block_by_block_walk(seed: int) -> None:
-    """`match` takes a one-pass shortcut when the same workers hold every leading block, and
-    `match_kind` a set test: both equal the definition on random chains, replicas, removals and
-    speculative entries (worker -> leading blocks it holds; any matched block unconfirmed)."""
+def test_match_and_match_kind_equal_their_definition(seed: int) -> None:
+    """`match_kind` is a set test over the matched blocks (`match` the walk): both equal the definition on
+    random chains, replicas, removals and speculative entries (worker -> leading blocks it holds; any
+    matched block unconfirmed)."""
     rng = random.Random(seed)
     idx = PrefixIndex(rng.choice([8, 40, 1000]))
     workers = ["a", "b", "c"]
