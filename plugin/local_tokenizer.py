@@ -76,9 +76,8 @@ from plugin.chat_template import (
 from policy.prefix import token_block_hashes
 
 LOOP_SLICE_S = 0.00025  # blocks_async works on the loop about this long between two yields
-# ... except before its first yield: a prompt whose work on the loop is shorter (a warm one) never yields.
-# Each yield waits behind the other flows' ready work: in the gateway a warm prompt of ~0.3 ms CPU took
-# ~1 ms p50 received -> tokenized with 0.25 ms slices (docs/BENCHMARKS.md, issue 13 session 9)
+# ... except before its first yield: a prompt whose work on the loop is shorter (a warm one) never yields,
+# since each yield waits behind the other flows' ready work (docs/BENCHMARKS.md, issue 13 session 9)
 FIRST_SLICE_S = 0.001
 HASH_STEP_BLOCKS = 32  # blocks hashed between two checks of the time (~0.05-0.15 ms)
 THREAD_MIN_CHARS = 16_384  # this much new text (~4k tokens, >1.5 ms) is encoded in a worker thread
