@@ -9,7 +9,9 @@ printed pressure counts them.
 Approximate run: agents without KV events, gateway in approximate mode. Exact run: agents restarted
 with `--kv-events`, a new gateway with `prefix_mode = "exact"`. `--order` sets which runs first
 (default approximate); worker caches are reset before each run. `--decision-log DIR` keeps each
-mode's decision records (DIR/decisions-MODE.jsonl) for a request-by-request comparison.
+mode's decision records (DIR/decisions-MODE.jsonl) for a request-by-request comparison, and prints the
+paired TTFT delta against approximate mode (the median over the requests of the difference; each request
+has its own x-request-id, the same in every mode).
 `--order` may add `approximate+events`: the approximate gateway with agents following the KV events
 (what the event pipeline costs without exact routing). Prints TTFT p50/p99, the workers' own
 prefix-cache hit rate, the exact run's /tokenize cost and fallbacks (from the gateway's /metrics), the
@@ -24,11 +26,13 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -146,7 +150,10 @@ def run(
     ttft0 = worker_ttft(stack.worker_urls)
     cpu0 = cpu_seconds(stack)
     started = time.perf_counter()
-    requests = scenario.build()
+    # an x-request-id per request: the decision records of two modes pair up request by request
+    requests = [
+        replace(q, headers={**q.headers, "x-request-id": f"demo-{i}"}) for i, q in enumerate(scenario.build())
+    ]
     results = asyncio.run(run_open_loop(gateway, requests))
     wall_s = time.perf_counter() - started
     hits1, queries1 = prefix_cache_counters(stack.worker_urls)
@@ -166,6 +173,22 @@ def run(
     )
     stack.stop_process(f"gateway-{mode}")
     return summarize(mode, results, wall_s, hits1 - hits0, queries1 - queries0), extra
+
+
+def paired_ttft_delta(log_dir: Path, mode: str, base: str = "approximate") -> tuple[float, int] | None:
+    """(median over the requests both runs served of `mode`'s TTFT − `base`'s, in ms; that count) from
+    the decision logs in `log_dir`: each request carries the same x-request-id in every mode (the open-
+    loop schedule is the same), so a request's two records pair up. None if a log is missing."""
+    runs = []
+    for m in (mode, base):
+        path = log_dir / f"decisions-{m}.jsonl"
+        if not path.exists():
+            return None
+        records = (json.loads(line) for line in path.read_text().splitlines() if line)
+        runs.append({r["client_request_id"]: r["ttft_ms"] for r in records if "ttft_ms" in r})
+    ours, theirs = runs
+    deltas = [ours[k] - theirs[k] for k in ours.keys() & theirs.keys()]
+    return (statistics.median(deltas), len(deltas)) if deltas else None
 
 
 def main(argv: list[str]) -> int:
@@ -232,6 +255,10 @@ def main(argv: list[str]) -> int:
     for r, extra in runs:
         print(f"{r.policy:<12} {r.ttft_p50 * 1000:>8.1f}ms {r.ttft_p99 * 1000:>8.1f}ms {r.hit_rate:>9.1%} "
               f"{r.throughput_rps:>7.2f} {r.errors:>6}  {json.dumps(extra, sort_keys=True)}")  # fmt: skip
+    for mode in [m for m in args.order.split(",") if m != "approximate"] if args.decision_log else ():
+        paired = paired_ttft_delta(args.decision_log, mode)
+        if paired is not None:
+            print(f"paired TTFT delta {mode} − approximate: median {paired[0]:+.2f} ms, {paired[1]} requests")
     return 0 if all(r.errors == 0 for r, _ in runs) else 1
 
 

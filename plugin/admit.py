@@ -153,7 +153,7 @@ class Admission:
             return e
         self.ctx.metrics.open_admissions.inc(ticket.model, "admitted")
         self.ctx.router.reserve(route)
-        self.ctx.router.record(route)
+        self.ctx.router.record_soon(route)
         return Placed(lease, route, "", 0, 0)
 
     async def _session_lookup(self, model: str, ref: SessionRef) -> None:

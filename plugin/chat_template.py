@@ -144,6 +144,22 @@ def compile_from(source: str) -> jinja2.Template | None:
     return env.from_string(ast)
 
 
+def reads_ahead(source: str) -> bool:
+    """Whether the text of a message may depend on the next one: the template is not of the
+    message-local form, or its loop's body reads `messages[loop.index0 + 1]`. If not, the text of
+    `messages[:j]` is the same in every chat that starts with `messages[:j]` and has a message j
+    (`loop.last` is false for each of them in all such chats)."""
+    ast = compile_template(source).environment.parse(source)
+    loop = _message_loop(ast)
+    if loop is None:
+        return True
+    return any(
+        isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Add)
+        for top in loop.body
+        for node in (top, *(child for _, child in _children(top)))
+    )
+
+
 def _index0() -> jinja2.nodes.Expr:
     """`loop.index0 + kvgate__from`: the message's index in the whole list."""
     loop_index0 = jinja2.nodes.Getattr(jinja2.nodes.Name("loop", "load"), "index0", "load")

@@ -124,17 +124,20 @@ class Intake:
                 )
             hashing = perf_counter_ns()
             state.stage_ns["parse"] = hashing - started
+            exact = ctx.router.is_exact(parsed.model)
+            chunk_chars = ctx.config.routing.chunk_chars
             try:
-                text = endpoint.prefix_text(parsed.body)
-                prompt = ctx.hasher.hash_text(text, parsed.model, ctx.config.routing.chunk_chars)
+                text = endpoint.prefix_text(parsed.body)  # (a bad shape is a 400 in both modes)
+                if not exact:
+                    prompt = ctx.hasher.hash_text(text, parsed.model, chunk_chars)
             except ValueError as e:
                 raise GatewayError(400, "invalid_request", str(e)) from None
             state.stage_ns["hash"] = perf_counter_ns() - hashing  # exact mode's /tokenize: its own metric
-            if ctx.router.is_exact(parsed.model):  # token ids from a worker; this prompt if none
+            if exact:  # token ids (local tokenizer or a worker); the text-chunk hashes only if none
                 prompt = await ctx.router.exact_prompt(
                     parsed.body,
                     parsed.model,
-                    prompt,
+                    lambda: ctx.hasher.hash_text(text, parsed.model, chunk_chars),
                     ctx.workers.routable(parsed.model),
                     request_for=endpoint.tokenize_request,
                 )

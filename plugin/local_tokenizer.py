@@ -17,12 +17,14 @@ seen after a different prefix. With a chat template of the message-local form (p
 `compile_from`) and added tokens that neither overlap nor contain one another (`_splits_locally`), a chat
 is rendered only from the last message whose prefix was seen: `_seen` keeps, under a hash of the
 messages up to a message and of the rest of what the template reads, the cut key where that message's
-text started, so the render, the cut and the lookup skip the seen messages (with a 30k-token seen prefix,
-~1.8 ms of the loop's time became ~0.6 ms; docs/BENCHMARKS.md). If that key's chain is no longer cached, the
-text is rendered whole. A tokenizer whose added tokens strip neighbouring whitespace, match
-only whole words, or match normalized text, or whose pre-tokenizer depends on the position in the
-input (Metaspace `prepend_scheme = "first"`), is not cut: its prompts are encoded whole (exact, not
-incremental).
+text started, so the render, the cut and the lookup skip the seen messages (with a 30k-token seen
+prefix, ~1.8 ms of the loop's time became ~0.6 ms; docs/BENCHMARKS.md). With a template that never reads
+the next message (`chat_template.reads_ahead`), the key is that of the messages before it, so a chat
+sharing only its first messages with a seen one (a system prompt, then a new question) skips them too.
+If that key's chain is no longer cached, the text is rendered whole. A tokenizer whose added tokens
+strip neighbouring whitespace, match only whole words, or match normalized text, or whose pre-tokenizer
+depends on the position in the input (Metaspace `prepend_scheme = "first"`), is not cut: its prompts are
+encoded whole (exact, not incremental).
 
 Long new pieces are cut again, into chunks of about `CHUNK_CHARS`, where the pre-tokenizer splits
 anyway: at a space after a printable ASCII character and before an ASCII letter, for the pre-tokenizers
@@ -33,8 +35,9 @@ one parallel `encode_batch` (tests/property/test_local_tokenizer_incremental.py 
 a whole-text encode).
 
 Event loop: `blocks_async` runs on the loop and yields to it every ~0.25 ms of its own work
-(`LOOP_SLICE_S`): the chat template renders there (jinja2 generates it a message at a time), then the
-cut and the cache lookup, then the hashing, 32 blocks between two looks at the clock. New text under 16k
+(`LOOP_SLICE_S`), the first time after ~1 ms (`FIRST_SLICE_S`: a warm prompt does not yield): the chat
+template renders there (jinja2 generates it a message at a time), then the cut and the cache lookup,
+then the hashing, 32 blocks between two looks at the clock. New text under 16k
 characters in all (a warm prompt's tail) is encoded on the loop in one call (the loop waits ~1-2 ms).
 More than that (a cold prompt) goes to the one encoder thread, where cold prompts take turns; it encodes
 one chunk per `encode_batch_fast` call, and a batch of one runs on the calling thread with the GIL
@@ -66,12 +69,16 @@ from plugin.chat_template import (
     TemplateError,
     compile_from,
     compile_template,
+    reads_ahead,
     render,
     special_tokens,
 )
 from policy.prefix import token_block_hashes
 
 LOOP_SLICE_S = 0.00025  # blocks_async works on the loop about this long between two yields
+# ... except before its first yield: a prompt whose work on the loop is shorter (a warm one) never yields,
+# since each yield waits behind the other flows' ready work (docs/BENCHMARKS.md, issue 13 session 9)
+FIRST_SLICE_S = 0.001
 HASH_STEP_BLOCKS = 32  # blocks hashed between two checks of the time (~0.05-0.15 ms)
 THREAD_MIN_CHARS = 16_384  # this much new text (~4k tokens, >1.5 ms) is encoded in a worker thread
 CHUNK_CHARS = 1024  # a piece twice as long is encoded in chunks of about this size (module docstring)
@@ -233,6 +240,11 @@ class LocalTokenizer:
         self.template_from: jinja2.Template | None = None
         if self.template is not None and self.incremental and _splits_locally(added):
             self.template_from = compile_from(source) if isinstance(source, str) else None
+        # where message j's text starts is kept under the key of messages[:j + 1], or of messages[:j]
+        # when the template never reads the next message (chat_template.reads_ahead): then a chat that
+        # shares its first messages with a seen one and differs from there on (a shared system prompt and
+        # a new question) is rendered from its first new message
+        self._key_back = 1 if isinstance(source, str) and not reads_ahead(source) else 0
         self._seen: LRUCache[int, _Seen] = LRUCache(maxsize=max(1, chain_entries))
         self._chains: LRUCache[tuple[tuple[int, int], int, str], _Chain] = LRUCache(
             maxsize=max(1, chain_entries)
@@ -327,8 +339,9 @@ class LocalTokenizer:
         start, base = 0, None
         if template is self.template_from:
             keys = self._message_keys(rendering)
+            back = self._key_back
             for j in range(len(keys) - 1, 0, -1) if memo else ():
-                found = self._seen.get(keys[j])
+                found = self._seen.get(keys[j - back])
                 if found is not None:
                     start, base = j, found
                     break
@@ -351,7 +364,7 @@ class LocalTokenizer:
         begin = base.key[1] if base is not None else 0
         for j in (len(keys) - 1, len(keys) - 2):  # kept for the next turn, and for a new last message
             if j >= 1 and j in marks:
-                out.memo[begin + marks[j] - offset] = keys[j]
+                out.memo[begin + marks[j] - offset] = keys[j - self._key_back]
         yield out
 
     def _message_keys(self, rendering: Rendering) -> list[int]:
@@ -511,12 +524,13 @@ class LocalTokenizer:
 
 
 class _Pacer:
-    """Yields to the loop once LOOP_SLICE_S has passed since the last yield (or since it was made)."""
+    """Yields to the loop once LOOP_SLICE_S has passed since the last yield, the first time once
+    FIRST_SLICE_S has passed since it was made."""
 
     __slots__ = ("since",)
 
     def __init__(self) -> None:
-        self.since = time.perf_counter()
+        self.since = time.perf_counter() + FIRST_SLICE_S - LOOP_SLICE_S
 
     async def pace(self) -> None:
         if time.perf_counter() - self.since >= LOOP_SLICE_S:

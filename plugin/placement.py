@@ -257,7 +257,7 @@ class Placement:
             self.route = None
 
     def _done(self, lease: Lease, route: Route) -> Placed:
-        self.ctx.router.record(route)
+        self.ctx.router.record_soon(route)  # after the request is sent to its worker
         self.lease = self.route = None  # the flow owns them now (released by plugin/release.py)
         return Placed(lease, route, self.held_by, self.reroutes, self.full)
 

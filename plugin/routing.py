@@ -245,12 +245,13 @@ class Router:
         self,
         body: dict[str, object],
         model: str,
-        fallback: Prompt,
+        fallback: Prompt | Callable[[], Prompt],
         workers: Sequence[WorkerRecord],
         request_for: Callable[[Mapping[str, object], str], TokenizeRequest] = tokenize_request,
     ) -> Prompt:
-        """The request's token-block hashes (exact mode), or `fallback` (its approximate hashes) when
-        no token ids could be had; the fallback is counted in kvgate_prefix_fallbacks_total."""
+        """The request's token-block hashes (exact mode), or `fallback` (its approximate hashes, or what
+        computes them: only needed then) when no token ids could be had; the fallback is counted in
+        kvgate_prefix_fallbacks_total."""
         started = time.monotonic()
         try:
             blocks, source = await self.tokenizer.blocks(
@@ -260,7 +261,7 @@ class Router:
             logger.debug("exact prefix of a %s request: %s; approximate instead", model, e)
             if self.metrics is not None:
                 self.metrics.prefix_fallbacks.inc(model, e.reason)
-            return fallback
+            return fallback if isinstance(fallback, Prompt) else fallback()
         if self.metrics is not None:
             self.metrics.tokenized.inc(model, source)
             if source == "worker":
@@ -375,6 +376,12 @@ class Router:
             and not (routing.exact and index_kind(route.worker) == "exact")
         ):
             self._queue_index_write(route.model, route.worker, route.view.prefix_hashes)
+
+    def record_soon(self, route: Route) -> None:
+        """`record(route)` once the loop is free again: the request hook returns first, and the request
+        goes out to its worker before its routing history is written (a commit walks every prefix block:
+        ~0.4 ms for an exact-mode prompt of 382 token blocks, where the request does not need it)."""
+        asyncio.get_running_loop().call_soon(self.record, route)
 
     def best_hit_tokens(self, model: str, prompt: Prompt) -> int:
         """Prompt tokens the best-placed worker is believed to hold (for admission seats)."""

@@ -44,7 +44,7 @@ class PrefixIndex:
         self.default_capacity_blocks = default_capacity_blocks
         self.speculative_ttl_s = speculative_ttl_s
         self._capacity: dict[str, int] = {}
-        self._lru: dict[str, OrderedDict[int, float]] = {}  # worker -> hash -> last touched (s)
+        self._lru: dict[str, OrderedDict[int, float]] = {}  # worker -> hash -> when entered (s), LRU order
         self._holders: dict[int, set[str]] = {}
         self._kind: dict[str, str] = {}  # worker -> "exact" (publishes KV events); absent = approximate
         self._speculative: dict[str, dict[int, float]] = {}  # exact worker -> unconfirmed hash -> expiry
@@ -104,7 +104,7 @@ class PrefixIndex:
         if worker not in self._kind:
             return "approximate"
         unconfirmed = self._speculative.get(worker)
-        if unconfirmed and any(h in unconfirmed for h in hashes[:blocks]):
+        if unconfirmed and not unconfirmed.keys().isdisjoint(hashes[:blocks]):
             return "speculative"
         return "exact"
 
@@ -168,10 +168,10 @@ class PrefixIndex:
             lru = self._lru[worker] = OrderedDict()
         for h in reversed(hashes):
             if h in lru:
-                lru.move_to_end(h)
+                lru.move_to_end(h)  # (its value, the time it was first entered, is not read)
             else:
                 self._holders.setdefault(h, set()).add(worker)
-            lru[h] = now_s
+                lru[h] = now_s
         self._evict(worker)
 
     def remove(self, worker: str, hashes: Iterable[int]) -> None:

@@ -7,8 +7,10 @@ text, the real Llama 3 and Qwen 2.5 chat templates). Nothing is downloaded.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ import pytest
 
 from bench import toy_model
 from bench.emulator.engine_tokenizer import HfTokenizer
+from plugin import local_tokenizer
 from plugin.chat_template import TemplateError
 from plugin.local_tokenizer import LocalTokenizer, LocalTokenizerError, reference_hashes
 
@@ -201,3 +204,32 @@ def test_only_known_pre_tokenizers_are_chunked(tmp_path: Path) -> None:
         assert tok.chunk_chars == 0, pre
         long = "word " * 2000
         assert tok.chunks(long) == [long]
+
+
+async def test_the_pacer_yields_only_after_its_first_slice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Work shorter than FIRST_SLICE_S (a warm prompt) runs without yielding, since each yield waits
+    behind the other flows; longer work yields every LOOP_SLICE_S from then on."""
+    clock = [100.0]
+    monkeypatch.setattr(local_tokenizer.time, "perf_counter", lambda: clock[0])
+    yields = []
+    sleep = asyncio.sleep
+
+    async def counted(delay: float) -> None:
+        yields.append(clock[0])
+        await sleep(delay)
+
+    monkeypatch.setattr(local_tokenizer.asyncio, "sleep", counted)
+    step = 0.0001
+
+    def steps(n: int) -> Iterator[int | None]:
+        for _ in range(n):
+            clock[0] += step
+            yield None
+        yield n
+
+    assert await local_tokenizer._Pacer().run(steps(9)) == 9  # 0.9 ms of work: a warm prompt
+    assert yields == []
+    start = clock[0]
+    await local_tokenizer._Pacer().run(steps(40))  # 4 ms: a cold one
+    assert yields[0] == pytest.approx(start + 0.001)  # after 1 ms, then every 0.25 ms (3 steps here)
+    assert len(yields) == 1 + (40 - 10) // 3

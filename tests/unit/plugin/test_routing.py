@@ -208,3 +208,21 @@ def test_a_request_that_is_not_streamed_is_never_counted_late() -> None:
     router.reserve(placed)
     view = {v.id: v for v in router.model(MODEL).views(WORKERS, now_s=1e12)}[placed.worker.id]
     assert view.overdue_s == 0.0 and view.inflight == 1 and view.pending_prefill_tokens > 0
+
+
+async def test_record_soon_writes_the_routing_history_once_the_loop_runs_again() -> None:
+    """A placed request's history (index entries, stickiness) is written after the request hook's
+    synchronous part, so the request goes out first; a decision made after that loop turn sees it."""
+    router = Router(RoutingSection())
+    chosen = router.choose(
+        request_id="a", model=MODEL, prompt=prompt("hi"), max_tokens=16, band=Band.NORMAL, tenant="t",
+        workers=WORKERS,
+    )  # fmt: skip
+    assert chosen is not None
+    router.reserve(chosen)
+    router.record_soon(chosen)
+    state = router.model(MODEL).state
+    assert state.index.match(chosen.view.prefix_hashes) == {}
+    await asyncio.sleep(0)
+    hits = state.index.match(chosen.view.prefix_hashes)
+    assert hits == {chosen.worker.id: len(chosen.view.prefix_hashes)}

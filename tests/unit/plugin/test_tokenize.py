@@ -183,7 +183,14 @@ async def test_router_routes_exact_prompts_on_the_agents_entries(emulated: Worke
     body = {"model": MODEL, "messages": MESSAGES}
     try:
         fallback = hash_prompt(body, MODEL, 512)
-        prompt = await router.exact_prompt(body, MODEL, fallback, workers)
+        computed: list[int] = []  # the text-chunk hashes are computed only when there are no token ids
+
+        def lazy() -> Prompt:
+            computed.append(1)
+            return fallback
+
+        prompt = await router.exact_prompt(body, MODEL, lazy, workers)
+        assert computed == []
         ids = tokenize(render_chat(MESSAGES))
         assert prompt.exact and prompt.prompt_tokens == len(ids)
         agent_keys = token_block_hashes(ids, model=MODEL, block_size=16)[0]  # what the agent writes
@@ -200,7 +207,8 @@ async def test_router_routes_exact_prompts_on_the_agents_entries(emulated: Worke
         dead = [record("dead", f"http://127.0.0.1:{free_port()}")]
         other = {"model": MODEL, "messages": [{"role": "user", "content": "not cached"}]}
         assert await router.exact_prompt(other, MODEL, fallback, dead) is fallback
-        assert metrics.prefix_fallbacks.get(MODEL, "error") == 1
+        assert await router.exact_prompt(other, MODEL, lazy, dead) is fallback and computed == [1]
+        assert metrics.prefix_fallbacks.get(MODEL, "error") == 2
     finally:
         await router.close()
 

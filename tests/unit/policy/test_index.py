@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from policy.index import PrefixIndex
@@ -140,3 +142,44 @@ def test_speculative_entries_do_not_evict_what_an_exact_worker_holds() -> None:
     idx.insert("e", c, now_s=1.2)  # ... to store c
     assert idx.match(a) == {"e": 3} and idx.match(c) == {"e": 3} and idx.size("e") == 10
     assert idx.match_kind("e", c, 3) == "exact" and idx.speculative_size("e") == 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_match_and_match_kind_equal_their_definition(seed: int) -> None:
+    """`match_kind` is a set test over the matched blocks (`match` the walk): both equal the definition on
+    random chains, replicas, removals and speculative entries (worker -> leading blocks it holds; any
+    matched block unconfirmed)."""
+    rng = random.Random(seed)
+    idx = PrefixIndex(rng.choice([8, 40, 1000]))
+    workers = ["a", "b", "c"]
+    for w in workers[: rng.randint(1, 3)]:
+        idx.set_kind(w, "exact")
+    chains = [[rng.getrandbits(62) for _ in range(rng.randint(1, 30))] for _ in range(4)]
+    for step in range(60):
+        chain, w = rng.choice(chains), rng.choice(workers)
+        head = chain[: rng.randint(1, len(chain))]
+        action = rng.random()
+        if action < 0.45:
+            idx.insert(w, head, float(step))
+        elif action < 0.75:
+            idx.insert_routed(w, head, float(step))
+        elif action < 0.95:
+            idx.remove(w, rng.sample(chain, min(len(chain), rng.randint(1, 3))))
+        else:
+            idx.clear(w)
+        idx.expire(step - 3.0)
+        query = [*rng.choice(chains), rng.getrandbits(62)]
+        expected = {}
+        for v in workers:
+            n = 0
+            while n < len(query) and v in idx.holders(query[n]):
+                n += 1
+            if n:
+                expected[v] = n
+        assert idx.match(query) == expected
+        for v, n in expected.items():
+            unconfirmed = idx._speculative.get(v, {})
+            kind = "approximate" if idx.kind(v) != "exact" else "exact"
+            if kind == "exact" and any(h in unconfirmed for h in query[:n]):
+                kind = "speculative"
+            assert idx.match_kind(v, query, n) == kind
