@@ -55,11 +55,20 @@ def request_st(draw: st.DrawFn) -> RequestView:
     )
 
 
-def _queued_beyond_elsewhere(req: RequestView, holder: WorkerView, others: list[WorkerView]) -> bool:
+def _queued_beyond_elsewhere(
+    req: RequestView, holder: WorkerView, others: list[WorkerView], candidates: list[WorkerView]
+) -> bool:
+    """The issue's limit: the holder's predicted TTFT above the cost of serving the request on the
+    cheapest of `others`. When every candidate is busy, a recompute is capacity lost to the queue
+    (`busy_weight`), on both sides: the holder's own uncached part and the other's whole prefill."""
     guard = POLICY.guard_ttft
     cost = dataclasses.replace(POLICY.cost, ttft=guard)
-    ttft = guard.ttfts(req, [holder])[holder.id]
-    return bool(others) and ttft > min(cost.cost_s(req, w) for w in others)
+    busy = cost.busy_weight(req, candidates)
+    hit = effective_hit_tokens(req, holder.id, guard.min_gain)
+    held = guard.ttfts(req, [holder])[holder.id] + busy * guard.model.own_prefill_s(
+        req.prompt_tokens - hit, hit
+    )
+    return bool(others) and held > min(cost.cost_s(req, w, busy) for w in others)
 
 
 @settings(max_examples=400, deadline=None)
@@ -70,7 +79,8 @@ def test_sticky_hold_never_keeps_a_request_where_waiting_costs_more(
     hold = next(f for f in POLICY.filters() if isinstance(f, StickyHold))
     kept = hold.filter(req, workers, 0.0)
     sticky = [w for w in workers if w.id == req.sticky_worker]
-    if sticky and _queued_beyond_elsewhere(req, sticky[0], [w for w in workers if w is not sticky[0]]):
+    others = [w for w in workers if w is not sticky[0]] if sticky else []
+    if sticky and _queued_beyond_elsewhere(req, sticky[0], others, workers):
         assert len(kept) == len(workers), "the sticky worker's wait exceeds the recompute elsewhere"
 
 
@@ -83,7 +93,7 @@ def test_replica_cap_never_keeps_a_request_where_waiting_costs_more(
     kept = cap.filter(req, workers, 0.0)
     holders = [w for w in workers if effective_hit_tokens(req, w.id, POLICY.config.min_cache_gain) > 0]
     others = [w for w in workers if w not in holders]
-    if holders and others and all(_queued_beyond_elsewhere(req, h, others) for h in holders):
+    if holders and others and all(_queued_beyond_elsewhere(req, h, others, workers) for h in holders):
         assert len(kept) == len(workers), "every holder's wait exceeds the recompute on a non-holder"
 
 
@@ -114,5 +124,5 @@ def test_a_session_preference_never_holds_where_waiting_costs_more(
         return
     mine = next(w for w in workers if w.id == bound)
     others = [w for w in workers if w.id != bound]
-    assert not _queued_beyond_elsewhere(session_view(view), mine, others)
+    assert not _queued_beyond_elsewhere(session_view(view), mine, others, workers)
     assert not HardOverload().overloaded(mine)
