@@ -336,8 +336,9 @@ def test_a_young_prefix_is_not_hot_while_its_holder_still_serves_it_sooner_than_
     # mooncake_arxiv 1.2/8 (docs/BENCHMARKS.md, session 9): a new document's 4th question in 0.3 s reads
     # its 2 committed requests after the first ÷ 2 s = 1 req/s in the young window (hot), while its
     # holder a has only 0.3 s of prefill queued. Read as hot, the sticky hold was skipped and a replica
-    # on idle b was priced as shared by 1 req/s × 30 s of future requests: the request paid a full 2 s prefill on b (a flap) instead
-    # of 0.3 s on a. The young reading counts only while every holder is loaded.
+    # on idle b was priced as shared by 1 req/s × 30 s of future requests: the request paid a full
+    # 2 s prefill on b (a flap) instead of 0.3 s on a. The young reading counts only while every
+    # holder is loaded.
     config = dataclasses.replace(
         CONFIG,
         rate_young_window_s=2.0,
