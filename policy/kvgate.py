@@ -101,6 +101,7 @@ class KvgatePolicy:
         self, req: RequestView, workers: Sequence[WorkerView], rng: random.Random, now_s: float
     ) -> Decision:
         c = self.config
+        req = self.hot_evidence(req, workers)
         candidates, narrowed, emptied = run_filters(self.filters(), req, workers, now_s)
         if emptied is not None:
             return Decision.reject(f"no worker left after {emptied}")
@@ -148,6 +149,26 @@ class KvgatePolicy:
             narrowed = [*narrowed, "session"]
         reason = _reason(req, winner, scores[winner], narrowed)
         return Decision(winner, reason, scores, kind=_kind(scores[winner], narrowed))
+
+    def hot_evidence(self, req: RequestView, workers: Sequence[WorkerView]) -> RequestView:
+        """The request with the prefix rate the hot rules may read. The young window's reading (a burst
+        of a new prefix, policy/state.py `PrefixStat.rate_at`) counts only while every holder of the
+        prefix is loaded: its predicted TTFT with its hit (the guards' prediction, lateness included)
+        is no sooner than the request's own full prefill on an idle worker, so the hit buys nothing
+        there right now. While some holder still serves the request sooner, a few requests of a new
+        prefix are no reason to skip the sticky hold or to price a replica as shared by the window's
+        extrapolation of them: the prefix reads the plain EWMA (docs/BENCHMARKS.md, "the young window
+        without its flap cost", session 9). A prefix no live worker holds keeps the young reading."""
+        steady = req.prefix_rate_steady
+        if steady is None or steady >= req.prefix_rate:
+            return req
+        model, min_gain = self.guard_ttft.model, self.config.min_cache_gain
+        idle = model.overhead_s + model.own_prefill_s(req.prompt_tokens, 0)
+        for w in workers:
+            hit = effective_hit_tokens(req, w.id, min_gain) if w.healthy and not w.draining else 0
+            if hit > 0 and model.ttft_s(w, req.prompt_tokens - hit, hit, late=True) < idle:
+                return dataclasses.replace(req, prefix_rate=steady, prefix_rate_steady=None)
+        return req
 
     @cached_property
     def _session(self) -> SessionPreference:

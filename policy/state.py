@@ -191,18 +191,20 @@ class RoutingState:
         sticky_worker: str | None = None
         sticky_since: float | None = None
         rate = 0.0
+        steady_rate: float | None = None  # the plain EWMA, when the young window reads higher
         need = self.config.min_cache_gain * prompt_tokens
         covered = sum(block_tokens)
         for i in range(len(prefix_hashes) - 1, -1, -1):
             stat = self.stats.get(prefix_hashes[i])
             if stat is not None:
                 covered_here = covered - sum(block_tokens[i + 1 :])
+                c = self.config
                 rate = stat.rate_at(
-                    now_s,
-                    self.config.rate_half_life_s,
-                    self.config.rate_young_window_s,
-                    self.config.rate_young_min_requests,
+                    now_s, c.rate_half_life_s, c.rate_young_window_s, c.rate_young_min_requests
                 )
+                if c.rate_young_window_s > 0.0:
+                    steady = stat.rate_at(now_s, c.rate_half_life_s)
+                    steady_rate = steady if steady < rate else None
                 if covered_here >= need and covered_here > 0:
                     sticky_worker, sticky_since = stat.worker, stat.since_s
                 break
@@ -219,6 +221,7 @@ class RoutingState:
             sticky_worker=sticky_worker,
             sticky_since_s=sticky_since,
             prefix_rate=rate,
+            prefix_rate_steady=steady_rate,
             cluster_load=self.cluster_load(pool, now_s),
             pool_workers=pool,
         )

@@ -83,6 +83,10 @@ class RequestView:
     sticky_since_s: float | None = None
     # measured request rate (req/s) of the leading prefix, for the hot-prefix replica cap
     prefix_rate: float = 0.0
+    # the plain EWMA of that rate when `prefix_rate` is the young window's higher reading (policy/state.py
+    # `PrefixStat.rate_at`); None = `prefix_rate` is the plain EWMA. The policy reads the young rate only
+    # while the prefix's holders are loaded (policy/kvgate.py `KvgatePolicy.hot_evidence`)
+    prefix_rate_steady: float | None = None
     # explicit session affinity (policy/session.py): the worker the client's session is bound to, and
     # the prompt tokens of the session's last request there (what that worker is believed to hold)
     session_worker: str | None = None

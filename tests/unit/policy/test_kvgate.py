@@ -343,3 +343,50 @@ def test_a_prefix_hot_from_its_first_seconds_replicates_instead_of_being_held() 
         picks[floor] = KvgatePolicy(config).decide(view, workers, random.Random(0), 0.3)
     assert picks[0.0].worker == "a" and "sticky" in picks[0.0].reason
     assert picks[2.0].worker == "b" and "replica" in picks[2.0].reason
+
+
+def _young_view(config: RoutingConfig, workers: list[WorkerView], arrivals: int) -> RequestView:
+    """`arrivals` requests of one new prefix 0.1 s apart, all placed on a; the view of the last one."""
+    state = RoutingState(config, PrefixIndex(1000))
+    view = None
+    for i in range(arrivals):
+        view = state.prepare(
+            request_id=f"r{i}",
+            prefix_hashes=[1, 2, 3, 4],
+            block_tokens=[500, 500, 500, 500],
+            prompt_tokens=2000,
+            workers=workers,
+            now_s=0.1 * i,
+        )
+        if i < arrivals - 1:
+            state.commit(view, Decision(worker="a", reason="test"), 0.1 * i)
+    assert view is not None
+    return view
+
+
+def test_a_young_prefix_is_not_hot_while_its_holder_still_serves_it_sooner_than_a_recompute() -> None:
+    # mooncake_arxiv 1.2/8 (docs/BENCHMARKS.md, session 9): a new document's 4th question in 0.3 s reads
+    # its 2 committed requests after the first ÷ 2 s = 1 req/s in the young window (hot), while its
+    # holder a has only 0.3 s of prefill queued. Read as hot, the sticky hold was skipped and a replica
+    # on idle b was priced as shared by 1 req/s × 30 s of future requests: the request paid a full
+    # 2 s prefill on b (a flap) instead of 0.3 s on a. The young reading counts only while every
+    # holder is loaded.
+    config = dataclasses.replace(
+        CONFIG,
+        rate_young_window_s=2.0,
+        ttft=dataclasses.replace(CONFIG.ttft, miss_weight=1.0),
+        replicas=ReplicaConfig(hot_rate_per_s=0.3),
+    )
+    policy = KvgatePolicy(config)
+    light = [w("a", 300), w("b", 0)]
+    view = _young_view(config, light, 4)
+    assert view.prefix_rate >= 0.9 and view.prefix_rate_steady is not None and view.prefix_rate_steady < 0.3
+    pick = policy.decide(view, light, random.Random(0), 0.3)
+    assert pick.worker == "a" and "sticky" in pick.reason
+    assert policy.hot_evidence(view, light).prefix_rate == view.prefix_rate_steady
+    # the same burst with 3 s queued on a (its hit now buys nothing): hot, b takes a replica
+    loaded = [w("a", 3000), w("b", 0)]
+    view = _young_view(config, loaded, 4)
+    assert policy.hot_evidence(view, loaded) is view
+    pick = policy.decide(view, loaded, random.Random(0), 0.3)
+    assert pick.worker == "b" and "replica" in pick.reason
