@@ -24,7 +24,6 @@ side by side. A diagnostic, outside bench/sim (it does not change the grid's cac
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -39,6 +38,7 @@ from bench.sim.profiles import load_profile
 from bench.sim.registry import make_router
 from bench.sim.types import SimRequest
 from bench.stats import percentile
+from bench.trace_cell import RecordingPolicy
 from policy.config import RoutingConfig
 from policy.kvgate import KvgatePolicy
 from policy.profile import run_filters
@@ -67,59 +67,46 @@ class Seen:
     prefix_rate: float = 0.0
 
 
-class _Recording:
-    def __init__(self, policy: KvgatePolicy) -> None:
-        self.policy = policy
-        self.name = policy.name
-        self.seen: dict[str, Seen] = {}
-
-    def filters(self) -> object:
-        return self.policy.filters()
-
-    def decide(
-        self, req: RequestView, workers: Sequence[WorkerView], rng: random.Random, now_s: float
-    ) -> Decision:
-        d = self.policy.decide(req, workers, rng, now_s)
-        if d.worker is None:
-            return d
-        p = self.policy
-        gain = p.config.min_cache_gain
-        hits = {w.id: effective_hit_tokens(req, w.id, gain) for w in workers}
-        best = max(hits.values())
-        by_id = {w.id: w for w in workers}
-        cands, narrowed, _ = run_filters(p.filters(), req, workers, now_s)
-        cand_ids = {w.id for w in cands}
-        holders = [w for w in hits if hits[w] == best and best > 0]
-        holder = min(holders, key=lambda h: d.scores.get(h, {}).get("cost", 1e9)) if holders else None
-        model = p.ttft.model
-        seen = Seen(
-            t=now_s,
-            prompt=req.prompt_tokens,
-            kind="keep",
-            why="",
-            reason=d.reason,
-            winner=d.worker,
-            holder=holder,
-            winner_hit=hits[d.worker],
-            holder_hit=best,
-            winner_parts=dict(d.scores[d.worker]),
-            winner_wait=model.wait_s(by_id[d.worker]),
-            busy=p.cost.busy_weight(req, cands),
-            prefix_rate=req.prefix_rate,
-        )
-        if best <= 0:
-            seen.kind = "miss"
-        elif hits[d.worker] < best:
-            assert holder is not None
-            seen.holder_wait = model.wait_s(by_id[holder])
-            if not any(h in cand_ids for h in holders):
-                seen.kind, seen.why = "filter", "+".join(narrowed) or "?"
-            else:
-                seen.kind = "move"
-                seen.holder_parts = dict(d.scores[holder])
-                seen.why = "replica" if "hot prefix" in d.reason else "wait"
-        self.seen[req.id] = seen
-        return d
+def _observe(
+    p: KvgatePolicy, req: RequestView, workers: Sequence[WorkerView], d: Decision, now_s: float
+) -> Seen:
+    assert d.worker is not None
+    gain = p.config.min_cache_gain
+    hits = {w.id: effective_hit_tokens(req, w.id, gain) for w in workers}
+    best = max(hits.values())
+    by_id = {w.id: w for w in workers}
+    cands, narrowed, _ = run_filters(p.filters(), req, workers, now_s)
+    cand_ids = {w.id for w in cands}
+    holders = [w for w in hits if hits[w] == best and best > 0]
+    holder = min(holders, key=lambda h: d.scores.get(h, {}).get("cost", 1e9)) if holders else None
+    model = p.ttft.model
+    seen = Seen(
+        t=now_s,
+        prompt=req.prompt_tokens,
+        kind="keep",
+        why="",
+        reason=d.reason,
+        winner=d.worker,
+        holder=holder,
+        winner_hit=hits[d.worker],
+        holder_hit=best,
+        winner_parts=dict(d.scores[d.worker]),
+        winner_wait=model.wait_s(by_id[d.worker]),
+        busy=p.cost.busy_weight(req, cands),
+        prefix_rate=req.prefix_rate,
+    )
+    if best <= 0:
+        seen.kind = "miss"
+    elif hits[d.worker] < best:
+        assert holder is not None
+        seen.holder_wait = model.wait_s(by_id[holder])
+        if not any(h in cand_ids for h in holders):
+            seen.kind, seen.why = "filter", "+".join(narrowed) or "?"
+        else:
+            seen.kind = "move"
+            seen.holder_parts = dict(d.scores[holder])
+            seen.why = "replica" if "hot prefix" in d.reason else "wait"
+    return seen
 
 
 def run_kvgate(
@@ -127,7 +114,7 @@ def run_kvgate(
 ) -> tuple[SimResult, dict[str, Seen]]:
     profile = load_profile(profile_path)
     router = PolicyRouter("kvgate", config, 1)
-    rec = _Recording(KvgatePolicy(config))
+    rec = RecordingPolicy(KvgatePolicy(config), _observe)
     router.policy = rec  # type: ignore[assignment]
     return simulate(requests, router, profile, workers), rec.seen
 

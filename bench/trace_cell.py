@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import argparse
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from bench.sim.cluster import simulate
 from bench.sim.grid import Cell, default_grid, materialise
@@ -46,13 +47,18 @@ class Seen:
     others_inflight: tuple[int, ...]
 
 
-class _Recording:
-    """Wraps a policy's `decide` to keep what it saw (the rest of the policy is untouched)."""
+S = TypeVar("S")
+Observer = Callable[[KvgatePolicy, RequestView, Sequence[WorkerView], Decision, float], S]
 
-    def __init__(self, policy: KvgatePolicy) -> None:
-        self.policy = policy
+
+class RecordingPolicy(Generic[S]):
+    """Wraps a policy's `decide` to keep what `observe` makes of each routed decision, by request id
+    (the rest of the policy is untouched). bench/hit_value.py records its own view the same way."""
+
+    def __init__(self, policy: KvgatePolicy, observe: Observer[S]) -> None:
+        self.policy, self.observe = policy, observe
         self.name = policy.name
-        self.seen: dict[str, Seen] = {}
+        self.seen: dict[str, S] = {}
 
     def filters(self) -> object:
         return self.policy.filters()
@@ -61,29 +67,34 @@ class _Recording:
         self, req: RequestView, workers: Sequence[WorkerView], rng: random.Random, now_s: float
     ) -> Decision:
         d = self.policy.decide(req, workers, rng, now_s)
-        if d.worker is None:
-            return d
-        by_id = {w.id: w for w in workers}
-        w = by_id[d.worker]
-        cost = self.policy.cost
-        others = {o.id: cost.cost_s(req, o) for o in workers if o.id != d.worker}
-        best = min(others, key=lambda k: others[k], default=d.worker)
-        self.seen[req.id] = Seen(
-            t=now_s,
-            prompt=req.prompt_tokens,
-            reason=d.reason,
-            worker=d.worker,
-            predicted=d.scores[d.worker]["predicted-ttft"],
-            wait=cost.ttft.model.wait_s(w),
-            late=w.overdue_s,
-            cluster_load=req.cluster_load,
-            pending=w.pending_prefill_tokens,
-            inflight=w.inflight,
-            elsewhere=others.get(best, 0.0),
-            elsewhere_worker=best,
-            others_inflight=tuple(o.inflight for o in workers if o.id != d.worker),
-        )
+        if d.worker is not None:
+            self.seen[req.id] = self.observe(self.policy, req, workers, d, now_s)
         return d
+
+
+def _observe(
+    policy: KvgatePolicy, req: RequestView, workers: Sequence[WorkerView], d: Decision, now_s: float
+) -> Seen:
+    assert d.worker is not None
+    w = next(o for o in workers if o.id == d.worker)
+    cost = policy.cost
+    others = {o.id: cost.cost_s(req, o) for o in workers if o.id != d.worker}
+    best = min(others, key=lambda k: others[k], default=d.worker)
+    return Seen(
+        t=now_s,
+        prompt=req.prompt_tokens,
+        reason=d.reason,
+        worker=d.worker,
+        predicted=d.scores[d.worker]["predicted-ttft"],
+        wait=cost.ttft.model.wait_s(w),
+        late=w.overdue_s,
+        cluster_load=req.cluster_load,
+        pending=w.pending_prefill_tokens,
+        inflight=w.inflight,
+        elsewhere=others.get(best, 0.0),
+        elsewhere_worker=best,
+        others_inflight=tuple(o.inflight for o in workers if o.id != d.worker),
+    )
 
 
 def trace(cell: Cell, profile_name: str, config: RoutingConfig) -> tuple[list[tuple[float, Seen]], float]:
@@ -92,7 +103,7 @@ def trace(cell: Cell, profile_name: str, config: RoutingConfig) -> tuple[list[tu
     requests = materialise(cell.workload, cell.seed, profile_name)
     workload = prepare_workload(cell.workload.name, requests, profile, cell.workers, cell.load)
     router = PolicyRouter("kvgate", config, cell.seed)
-    recording = _Recording(KvgatePolicy(config))
+    recording = RecordingPolicy(KvgatePolicy(config), _observe)
     router.policy = recording
     result = simulate(workload.requests, router, profile, cell.workers)
     rows = []
