@@ -14,7 +14,7 @@ from mitmproxy import http
 from mitmproxy.net.http import url
 
 from plugin.errors import GatewayError
-from plugin.flow import Upstream, accepted, fail_closed
+from plugin.flow import Upstream, accepted, fail_closed, remember
 from plugin.metrics import GatewayMetrics
 
 
@@ -31,9 +31,8 @@ class Dispatch:
     ) -> None:
         self.collect_usage, self.metrics = collect_usage, metrics
         self.upstream_key = upstream_key  # worker id -> the API key it gets ("" = none)
-        self._targets: dict[
-            tuple[str, str, int], Target
-        ] = {}  # a worker's address as the request fields take it
+        # a worker's address as the request fields take it (bounded: plugin/flow.py remember)
+        self._targets: dict[tuple[str, str, int], Target] = {}
 
     @fail_closed
     async def request(self, flow: http.HTTPFlow) -> None:
@@ -52,7 +51,7 @@ class Dispatch:
         where = (up.scheme, up.host, up.port)  # a tuple's hash is C; the dataclass's is a Python call
         target = self._targets.get(where)
         if target is None:
-            target = self._targets[where] = Target.of(up)
+            target = remember(self._targets, where, Target.of(up))
         key = self.upstream_key(route.worker.id)
         point_at(request, target, state.request_id, key)
         ask_usage = parsed.endpoint.request_usage

@@ -54,6 +54,20 @@ class Upstream:
     port: int
 
 
+MEMO_LIMIT = 4096  # worker addresses remembered; far above any pool one gateway routes to at once
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def remember(memo: dict[_K, _V], key: _K, value: _V) -> _V:
+    """Store `value` in a per-worker-address memo (the caller looked it up and missed). Emptied when
+    full, so the addresses of workers long gone (an autoscaled fleet's churn) do not pile up."""
+    if len(memo) >= MEMO_LIMIT:
+        memo.clear()
+    memo[key] = value
+    return value
+
+
 @dataclass(slots=True)
 class Route:
     """Where one request goes, and why."""

@@ -38,7 +38,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from plugin.config import ConfigError, RoutingSection
-from plugin.flow import Prompt, Route, Upstream
+from plugin.flow import Prompt, Route, Upstream, remember
 from plugin.local_tokenizer import LocalTokenizer, LocalTokenizerError
 from plugin.tokenize import TokenizeFailed, Tokenizer, TokenizeRequest, tokenize_request
 from policy.ab import CANDIDATE_ARM, DEFAULT_ARM, arm_of
@@ -408,7 +408,7 @@ class Router:
     def upstream(self, url: str) -> Upstream:
         found = self._upstreams.get(url)
         if found is None:
-            found = self._upstreams[url] = parse_upstream(url)
+            found = remember(self._upstreams, url, parse_upstream(url))
         return found
 
     # -- outcome accounting --------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from plugin.auth import Caller
 from plugin.config import LimitsSection, RoutingSection
 from plugin.dispatch import Dispatch, Target, point_at, sanitize_upstream_headers
 from plugin.endpoints import ENDPOINTS
-from plugin.flow import STATE, FlowState, Upstream
+from plugin.flow import MEMO_LIMIT, STATE, FlowState, Upstream
 from plugin.metrics import GatewayMetrics
 from plugin.parse import parse_completion
 from plugin.prefix_memo import hash_prompt
@@ -50,6 +50,23 @@ async def test_an_admitted_stream_goes_to_its_worker_with_usage_asked_for(collec
     sent = json.loads(request.content)
     assert ("stream_options" in sent) is collect_usage and state.usage_requested is collect_usage
     assert metrics.routed.get(MODEL, "w0", "miss", "default") == 1
+
+
+async def test_worker_addresses_are_remembered_up_to_a_bound_and_still_rewritten_after_it() -> None:
+    """A fleet whose workers come and go (new addresses) must not grow the address memo forever."""
+    dispatch = Dispatch(collect_usage=False, metrics=GatewayMetrics())
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    for i in range(MEMO_LIMIT + 10):
+        flow, state = admitted(body)
+        assert state.route is not None
+        state.route.upstream = Upstream("http", f"10.{i // 65536}.{i // 256 % 256}.{i % 256}", 8000)
+        await dispatch.request(flow)  # type: ignore[arg-type]
+        assert flow.request.host == state.route.upstream.host  # type: ignore[attr-defined]
+    assert len(dispatch._targets) <= MEMO_LIMIT
+    router = Router(RoutingSection())
+    for i in range(MEMO_LIMIT + 10):
+        assert router.upstream(f"http://10.1.{i // 256}.{i % 256}:8000").host == f"10.1.{i // 256}.{i % 256}"
+    assert len(router._upstreams) <= MEMO_LIMIT
 
 
 async def test_a_request_without_a_route_is_503_not_forwarded() -> None:
