@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.sim.profiles import PROFILE_DIR, load_profile
-from bench.sim.registry import POLICIES, resolve_policies
+from bench.sim.registry import POLICIES, resolve_policies, split_index
 from bench.sim.runner import prepare_workload, run_object, safe_run
 from bench.sim.scenarios import SCENARIOS, build_scenario
 from bench.sim.traces import WekaOptions, is_weka_source, load_trace, load_weka
@@ -319,7 +319,7 @@ def code_digest(policy: str) -> str:
     presentation modules), bench/stats.py, and the policy's own code (its registry module; policy/
     for kvgate's policies; bench/peers/ for peers, which share helpers)."""
     core = _core_files()
-    module = POLICIES[policy].split(":")[0]
+    module = POLICIES[split_index(policy)[0]].split(":")[0]  # "kvgate@exact": kvgate's code
     own: list[Path] = []
     if module.startswith("bench.peers."):
         own = list((REPO / "bench" / "peers").glob("*.py"))

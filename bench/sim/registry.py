@@ -107,5 +107,8 @@ def resolve_policies(spec: str) -> list[str]:
     if not names:
         raise UnknownPolicy("no policy given")
     for name in names:
-        load_factory(name)
+        base, index = split_index(name)
+        if index is not None:  # "kvgate@exact": the same checks as --index
+            with_indexes([base], index)
+        load_factory(base)
     return list(dict.fromkeys(names))

@@ -102,3 +102,12 @@ def test_registry_names_and_lazy_failures() -> None:
     assert resolve_policies("all") == available_policies()
     with pytest.raises(UnknownPolicy, match="unknown policy"):
         resolve_policies("round_robin,bogus")
+
+
+def test_a_policy_name_may_carry_its_index_model_as_in_the_grid_files() -> None:
+    """`kvgate@exact` in --policies or a grid's `policies` (one run per index model, like --index)."""
+    assert resolve_policies("dynamo,kvgate@exact") == ["dynamo", "kvgate@exact"]
+    with pytest.raises(UnknownPolicy, match="--index takes"):
+        resolve_policies("kvgate@bogus")
+    with pytest.raises(UnknownPolicy, match="applies to"):
+        resolve_policies("dynamo@exact")

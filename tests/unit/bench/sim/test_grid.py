@@ -74,6 +74,7 @@ def test_the_cache_key_covers_code_workload_and_cell(monkeypatch: pytest.MonkeyP
 def test_policy_code_digest_follows_the_policy_package() -> None:
     assert grid_module.code_digest("kvgate") == grid_module.code_digest("article")
     assert grid_module.code_digest("kvgate") != grid_module.code_digest("dynamo")
+    assert grid_module.code_digest("kvgate@exact") == grid_module.code_digest("kvgate")
     assert grid_module.code_digest("dynamo") == grid_module.code_digest("sglang")
 
 
