@@ -29,21 +29,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
-from bench.hit_value import summary
+from bench.hit_value import delayed, summary
 from bench.sim.cluster import simulate as simulate_run
 from bench.sim.metrics import compute_metrics
 from bench.sim.profiles import load_profile
 from bench.sim.registry import make_router
 from bench.sim.runner import prepare_workload
 from bench.sim.traces import load_trace
-from bench.sim.types import SimRequest
 
 SIM_MODEL = {
     "kvgate": "kvgate",
@@ -67,15 +64,6 @@ def live_means(runs: Sequence[dict[str, object]]) -> dict[str, dict[str, float]]
         good = [float(r["goodput_rps"]) for r in mine]  # type: ignore[arg-type]
         out[router] |= {"goodput_rps_min": min(good), "goodput_rps_max": max(good)}
     return out
-
-
-def delayed(requests: Sequence[SimRequest], jitter_s: float, seed: int) -> list[SimRequest]:
-    """Every arrival later by a uniform [0, jitter_s] (the client's send lag), in arrival order again."""
-    if jitter_s <= 0:
-        return list(requests)
-    rng = random.Random(seed)
-    moved = [replace(r, arrival_s=r.arrival_s + rng.uniform(0.0, jitter_s)) for r in requests]
-    return sorted(moved, key=lambda r: r.arrival_s)
 
 
 def simulate(

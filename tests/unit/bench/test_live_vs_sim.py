@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.live_vs_sim import delayed, live_means
+from bench.hit_value import delayed
+from bench.live_vs_sim import live_means
 from bench.sim.types import SimRequest
 
 
