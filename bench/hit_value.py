@@ -24,10 +24,11 @@ side by side. A diagnostic, outside bench/sim (it does not change the grid's cac
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench.live import write_profile
@@ -134,6 +135,15 @@ def summary(result: SimResult, slo_s: float) -> dict[str, float]:
     }
 
 
+def delayed(requests: Sequence[SimRequest], jitter_s: float, seed: int) -> list[SimRequest]:
+    """Every arrival later by a uniform [0, jitter_s] (the client's send lag), in arrival order again."""
+    if jitter_s <= 0:
+        return list(requests)
+    rng = random.Random(seed)
+    moved = [replace(r, arrival_s=r.arrival_s + rng.uniform(0.0, jitter_s)) for r in requests]
+    return sorted(moved, key=lambda r: r.arrival_s)
+
+
 def report(name: str, requests: Sequence[SimRequest], profile_path: Path, args: argparse.Namespace) -> None:
     config = RoutingConfig()
     kv, seen = run_kvgate(requests, profile_path, args.workers, config)
@@ -212,6 +222,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--slo-ttft", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--top", type=int, default=12)
+    p.add_argument(
+        "--jitter-ms", type=float, default=0.0, help="delay each send by up to this (bench.live_vs_sim)"
+    )
+    p.add_argument("--replay", type=int, default=0, help="seed of the send delays")
     p.add_argument("--out", type=Path, default=Path("out/hit_value"))
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     names = [w for w in args.workloads.split(",") if w]
@@ -222,7 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         path = write_profile(load_profile(args.profile), nb, args.out / f"profile-{nb}.toml")
         base = cap_output(build(name, args.seed, n), args.max_output)
-        report(name, at_load(base, load_profile(path), args.workers, args.load), path, args)
+        requests = at_load(base, load_profile(path), args.workers, args.load)
+        report(name, delayed(requests, args.jitter_ms / 1000, args.replay), path, args)
     return 0
 
 
