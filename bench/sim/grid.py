@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.sim.profiles import PROFILE_DIR, load_profile
-from bench.sim.registry import POLICIES, resolve_policies, split_index
+from bench.sim.registry import POLICIES, resolve_policies, run_name, split_index
 from bench.sim.runner import prepare_workload, run_object, safe_run
 from bench.sim.scenarios import SCENARIOS, build_scenario
 from bench.sim.traces import WekaOptions, is_weka_source, load_trace, load_weka
@@ -456,7 +456,7 @@ def run_grid(
     def store(index: int, computed: list[dict[str, object]]) -> None:
         nonlocal done
         for run in computed:
-            policy = str(run["policy"])
+            policy = run_name(run)  # "kvgate@exact" is not "kvgate": its own slot and cache entry
             runs[index][policy] = run
             if run.get("error"):
                 result.failed.append(f"{cells[index].label()} {policy}: {run['error']}")

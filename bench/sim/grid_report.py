@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.sim.registry import POLICIES
+from bench.sim.registry import POLICIES, run_name
 
 SUMMARY_KEYS = (
     "p99_ratio_worst",
@@ -52,7 +52,7 @@ def _best_reference(runs: Sequence[dict[str, Any]], policy: str, key: str) -> fl
     values = [
         v
         for r in runs
-        if r["policy"] != policy and not is_kvgate_variant(r["policy"])
+        if run_name(r) != policy and not is_kvgate_variant(r["policy"])
         for v in [_metric(r, key)]
         if v is not None
     ]
@@ -70,7 +70,7 @@ def _ratio(value: float | None, reference: float | None) -> float | None:
 def cell_ratios(cell: dict[str, Any], policy: str) -> dict[str, float | None]:
     """P's ratios in one cell (None where P or every reference lacks the metric)."""
     runs = cell["runs"]
-    mine = next((r for r in runs if r["policy"] == policy), None)
+    mine = next((r for r in runs if run_name(r) == policy), None)
     if mine is None:
         return dict.fromkeys(("p99", "p50", "hit", "slowdown_best", "flap"))
     pooled = cell.get("bounds", {}).get("pooled_lru_hit_rate")

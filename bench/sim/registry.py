@@ -8,7 +8,7 @@ are "module:attr" strings so a peer module that is missing or broken fails only 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from bench.sim.types import Router
 
@@ -64,6 +64,12 @@ def split_index(name: str) -> tuple[str, str | None]:
     """("kvgate", "exact") for "kvgate@exact"; (name, None) without an index model."""
     base, _, index = name.partition("@")
     return base, index or None
+
+
+def run_name(run: Mapping[str, object]) -> str:
+    """The policy name a run object was asked for: `kvgate@exact` for a run with an index model."""
+    index = run.get("index")
+    return f"{run['policy']}@{index}" if index else str(run["policy"])
 
 
 def make_router(name: str, seed: int) -> Router:

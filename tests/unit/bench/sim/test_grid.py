@@ -49,6 +49,21 @@ def test_a_rerun_computes_only_the_runs_whose_inputs_changed(tmp_path: Path) -> 
     assert (more.computed_runs, more.cached_runs) == (3, 6)
 
 
+def test_a_policy_with_an_index_model_keeps_its_own_run_and_summary(tmp_path: Path) -> None:
+    """kvgate@oracle beside kvgate: two runs, two cache entries, two summary rows (not one overwriting the
+    other), and a cached re-run gives back the same runs."""
+    spec = small_spec(loads=(1.0,), policies=("round_robin", "kvgate", "kvgate@oracle"))
+    first = run_grid(spec, tmp_path, jobs=1, log=lambda _: None)
+    runs = first.cells[0]["runs"]
+    assert [(r["policy"], r.get("index")) for r in runs] == [
+        ("round_robin", None), ("kvgate", None), ("kvgate", "oracle")
+    ]  # fmt: skip
+    again = run_grid(spec, tmp_path, jobs=1, log=lambda _: None)
+    assert (again.computed_runs, again.cached_runs) == (0, 3) and again.cells == first.cells
+    assert cell_ratios(first.cells[0], "kvgate@oracle")["p99"] is not None
+    assert set(summarise(first.cells, spec.policies)) == set(spec.policies)
+
+
 def test_the_cache_key_covers_code_workload_and_cell(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = small_spec()
     cell = cells_of(spec)[0]
