@@ -101,7 +101,8 @@ class KvgatePolicy:
         self, req: RequestView, workers: Sequence[WorkerView], rng: random.Random, now_s: float
     ) -> Decision:
         c = self.config
-        req = self.hot_evidence(req, workers)
+        if c.rate_young_bound == "gate":
+            req = self.hot_evidence(req, workers)
         candidates, narrowed, emptied = run_filters(self.filters(), req, workers, now_s)
         if emptied is not None:
             return Decision.reject(f"no worker left after {emptied}")
@@ -180,9 +181,21 @@ class KvgatePolicy:
         return ColdStart(self.config.cold_start.period_s, self.config.cold_start.discount)
 
     def _replica_share(self, req: RequestView, hits: dict[str, int]) -> float:
-        """Requests of the prefix a new replica can expect within the stickiness window (rate ÷ replicas)."""
+        """Requests of the prefix a new replica can expect within the stickiness window (rate ÷ replicas).
+
+        `rate_young_bound = "horizon"`: a young window's reading (`prefix_rate_steady` set) is evidence
+        for as long as the window it was read over, not for the whole stickiness window: the replica is
+        priced as shared by the requests that reading has shown (rate × the young window), with the
+        plain EWMA's extrapolation over the stickiness window as a floor (docs/BENCHMARKS.md, "the share
+        horizon", session 10)."""
         holders = sum(1 for h in hits.values() if h > 0)
-        return req.prefix_rate * self.config.sticky.window_s / (holders + 1)
+        c = self.config
+        horizon = c.sticky.window_s
+        steady = req.prefix_rate_steady
+        if c.rate_young_bound == "horizon" and steady is not None:
+            young = req.prefix_rate * min(horizon, c.rate_young_window_s)
+            return max(steady * horizon, young) / (holders + 1)
+        return req.prefix_rate * horizon / (holders + 1)
 
     def _replicate_hot(self, req: RequestView, hits: dict[str, int]) -> bool:
         """Hot prefix with non-holders among the candidates: below the cap, or ReplicaCap found the
