@@ -15,6 +15,7 @@ from typing import Any
 POLICIES = ("kvgate", "article")
 MISS_LOAD_MODES = ("fixed", "queueing")  # scorers.ServeCost.displaced
 YOUNG_BOUNDS = ("gate", "horizon")  # how the young window's reading is bounded (policy/kvgate.py)
+YOUNG_REPLICA_GAINS = ("any", "sooner", "wait")  # what a replica priced on the young reading must offer
 
 
 class ConfigError(ValueError):
@@ -193,6 +194,14 @@ class RoutingConfig:
             "is loaded) or 'horizon' (a replica built on it is shared by the requests it has shown)"
         },
     )
+    rate_young_replica_gain: str = field(
+        default="sooner",
+        metadata={
+            "help": "with rate_young_bound = horizon, a replica priced on the young reading must serve "
+            "its own request sooner than the best holder ('sooner'), is discounted by at most the "
+            "holder's lead ('wait'), or always ('any')"
+        },
+    )
     stats_max_entries: int = field(default=1_000_000, metadata={"help": "prefix stats kept (LRU)"})
     ttft: TtftModelConfig = field(default_factory=TtftModelConfig)
     sticky: StickyConfig = field(default_factory=StickyConfig)
@@ -204,6 +213,12 @@ class RoutingConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError("policy", self.policy, f"must be one of {', '.join(POLICIES)}")
+        if self.rate_young_replica_gain not in YOUNG_REPLICA_GAINS:
+            raise ConfigError(
+                "rate_young_replica_gain",
+                self.rate_young_replica_gain,
+                f"must be one of {', '.join(YOUNG_REPLICA_GAINS)}",
+            )
         if self.rate_young_bound not in YOUNG_BOUNDS:
             raise ConfigError(
                 "rate_young_bound", self.rate_young_bound, f"must be one of {', '.join(YOUNG_BOUNDS)}"

@@ -403,6 +403,7 @@ def test_a_replica_built_on_the_young_reading_is_shared_by_the_requests_it_has_s
         CONFIG,
         rate_young_window_s=2.0,
         rate_young_bound="horizon",
+        rate_young_replica_gain="any",
         ttft=dataclasses.replace(CONFIG.ttft, miss_weight=1.0),
         replicas=ReplicaConfig(hot_rate_per_s=0.3),
     )
@@ -416,4 +417,30 @@ def test_a_replica_built_on_the_young_reading_is_shared_by_the_requests_it_has_s
     loaded = [w("a", 1500), w("b", 0)]
     view = _young_view(config, loaded, 4)
     pick = policy.decide(view, loaded, random.Random(0), 0.3)
+    assert pick.worker == "b" and "replica" in pick.reason
+
+
+def test_a_replica_on_the_young_reading_must_serve_its_own_request_sooner_than_the_holder() -> None:
+    # rag 1.2/16 (docs/BENCHMARKS.md, the share horizon, session 10): 9 requests lost their document's
+    # hit to a copy on an idle worker that served them later than the holder would have (request 78:
+    # holder 0.104 s predicted, the copy 0.120 s), priced as shared by the young reading's requests.
+    # With `rate_young_replica_gain = "sooner"` such a copy is a plain recompute: holder a with 1.5 s
+    # queued (sooner than b's 2 s full prefill) keeps the request; with 2.5 s queued b's replica wins.
+    config = dataclasses.replace(
+        CONFIG,
+        rate_young_window_s=2.0,
+        rate_young_bound="horizon",
+        rate_young_replica_gain="sooner",
+        ttft=dataclasses.replace(CONFIG.ttft, miss_weight=1.0),
+        replicas=ReplicaConfig(hot_rate_per_s=0.3),
+    )
+    policy = KvgatePolicy(config)
+    sooner = [w("a", 1500), w("b", 0)]
+    view = _young_view(config, sooner, 4)
+    pick = policy.decide(view, sooner, random.Random(0), 0.3)
+    assert pick.worker == "a"
+    assert pick.scores["b"]["cost"] == pytest.approx(4.0, abs=0.05)  # 2 s prefill + 2 s miss work
+    later = [w("a", 2500), w("b", 0)]
+    view = _young_view(config, later, 4)
+    pick = policy.decide(view, later, random.Random(0), 0.3)
     assert pick.worker == "b" and "replica" in pick.reason
