@@ -195,11 +195,11 @@ class RoutingConfig:
         },
     )
     rate_young_replica_gain: str = field(
-        default="sooner",
+        default="any",
         metadata={
             "help": "with rate_young_bound = horizon, a replica priced on the young reading must serve "
             "its own request sooner than the best holder ('sooner'), is discounted by at most the "
-            "holder's lead ('wait'), or always ('any')"
+            "holder's lead ('wait'), or is discounted as the horizon prices it ('any')"
         },
     )
     stats_max_entries: int = field(default=1_000_000, metadata={"help": "prefix stats kept (LRU)"})

@@ -444,3 +444,25 @@ def test_a_replica_on_the_young_reading_must_serve_its_own_request_sooner_than_t
     view = _young_view(config, later, 4)
     pick = policy.decide(view, later, random.Random(0), 0.3)
     assert pick.worker == "b" and "replica" in pick.reason
+
+
+def test_a_replica_on_the_young_reading_is_discounted_by_at_most_the_holders_lead() -> None:
+    # `rate_young_replica_gain = "wait"`: a later request of the prefix gains over the holder at most
+    # the holder's lead (its predicted TTFT minus the copy's once it holds the prefix), so the share
+    # discount per request is capped by it. Holder a with 1.1 s queued: the copy on b (2 s prefill,
+    # share 0.5) is discounted by 1.1 × 0.5, not 2 × 0.5, and costs 1.45 s: a keeps the request
+    # (without the cap b costs 1.0 s and wins).
+    config = dataclasses.replace(
+        CONFIG,
+        rate_young_window_s=2.0,
+        rate_young_bound="horizon",
+        rate_young_replica_gain="wait",
+        ttft=dataclasses.replace(CONFIG.ttft, miss_weight=1.0),
+        replicas=ReplicaConfig(hot_rate_per_s=0.3),
+    )
+    policy = KvgatePolicy(config)
+    workers = [w("a", 1100), w("b", 0)]
+    view = _young_view(config, workers, 4)
+    pick = policy.decide(view, workers, random.Random(0), 0.3)
+    assert pick.worker == "a"
+    assert pick.scores["b"]["cost"] == pytest.approx(1.45, abs=0.05)
