@@ -119,7 +119,7 @@ class KvgatePolicy:
         hot = req.prefix_rate >= c.replicas.hot_rate_per_s
         bonus = c.sticky.bonus if (c.sticky.hot_bonus or not hot) else 0.0
         busy = self.cost.busy_weight(req, candidates)
-        lead = self._holder_ttft(req, candidates, hits) if replicate else None
+        lead = self._holder_ttft(req, candidates, hits) if replicate and self._young_bounded(req) else None
         for w in candidates:
             hit = hits[w.id]
             ttft_s, miss_s, cost_s = self.cost.parts(req, w, hit, kept[w.id], busy)
@@ -195,19 +195,28 @@ class KvgatePolicy:
                     recompute (its prefill is miss work, nothing is discounted)
             wait    the best holder's TTFT minus the replica's once it holds the prefix: a later
                     request of the prefix gains at most that lead over the holder, so the discount per
-                    shared request is capped by it
+                    shared request is capped by it (no lead: a plain recompute, as with sooner)
 
         A young reading is a few requests of a new prefix; a copy made while its holder still
         serves them sooner is a lost hit for no later gain (docs/BENCHMARKS.md, the share horizon,
-        session 10: rag 1.2/16's hit loss was 9 such copies)."""
+        session 10: 8 of rag 1.2/16's 9 lost hits were such copies)."""
         c = self.config
-        if c.rate_young_bound != "horizon" or req.prefix_rate_steady is None or lead is None:
+        if lead is None or not self._young_bounded(req):
             return None
         if c.rate_young_replica_gain == "sooner":
             return lead - ttft_s
         if c.rate_young_replica_gain == "wait":
             return max(0.0, lead - free_ttft) or -1.0
         return None
+
+    def _young_bounded(self, req: RequestView) -> bool:
+        """The request reads the young window and `rate_young_replica_gain` bounds its copies."""
+        c = self.config
+        return (
+            c.rate_young_bound == "horizon"
+            and req.prefix_rate_steady is not None
+            and c.rate_young_replica_gain != "any"
+        )
 
     @cached_property
     def _session(self) -> SessionPreference:
