@@ -14,6 +14,8 @@ from typing import Any
 
 POLICIES = ("kvgate", "article")
 MISS_LOAD_MODES = ("fixed", "queueing")  # scorers.ServeCost.displaced
+YOUNG_BOUNDS = ("gate", "horizon")  # how the young window's reading is bounded (policy/kvgate.py)
+YOUNG_REPLICA_GAINS = ("any", "sooner", "wait")  # what a replica priced on the young reading must offer
 
 
 class ConfigError(ValueError):
@@ -185,6 +187,21 @@ class RoutingConfig:
         2,
         "the young window's reading needs at least this many requests after the prefix's first",
     )
+    rate_young_bound: str = field(
+        default="gate",
+        metadata={
+            "help": "what bounds the young window's reading: 'gate' (it counts only while every holder "
+            "is loaded) or 'horizon' (a replica built on it is shared by the requests it has shown)"
+        },
+    )
+    rate_young_replica_gain: str = field(
+        default="any",
+        metadata={
+            "help": "with rate_young_bound = horizon, a replica priced on the young reading must serve "
+            "its own request sooner than the best holder ('sooner'), is discounted by at most the "
+            "holder's lead ('wait'), or is discounted as the horizon prices it ('any')"
+        },
+    )
     stats_max_entries: int = field(default=1_000_000, metadata={"help": "prefix stats kept (LRU)"})
     ttft: TtftModelConfig = field(default_factory=TtftModelConfig)
     sticky: StickyConfig = field(default_factory=StickyConfig)
@@ -196,6 +213,16 @@ class RoutingConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError("policy", self.policy, f"must be one of {', '.join(POLICIES)}")
+        if self.rate_young_replica_gain not in YOUNG_REPLICA_GAINS:
+            raise ConfigError(
+                "rate_young_replica_gain",
+                self.rate_young_replica_gain,
+                f"must be one of {', '.join(YOUNG_REPLICA_GAINS)}",
+            )
+        if self.rate_young_bound not in YOUNG_BOUNDS:
+            raise ConfigError(
+                "rate_young_bound", self.rate_young_bound, f"must be one of {', '.join(YOUNG_BOUNDS)}"
+            )
         _check_ranges(self)
         if self.stats_max_entries < 1:
             raise ConfigError("stats_max_entries", self.stats_max_entries, "must be >= 1")

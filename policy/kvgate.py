@@ -101,7 +101,8 @@ class KvgatePolicy:
         self, req: RequestView, workers: Sequence[WorkerView], rng: random.Random, now_s: float
     ) -> Decision:
         c = self.config
-        req = self.hot_evidence(req, workers)
+        if c.rate_young_bound == "gate":
+            req = self.hot_evidence(req, workers)
         candidates, narrowed, emptied = run_filters(self.filters(), req, workers, now_s)
         if emptied is not None:
             return Decision.reject(f"no worker left after {emptied}")
@@ -118,14 +119,20 @@ class KvgatePolicy:
         hot = req.prefix_rate >= c.replicas.hot_rate_per_s
         bonus = c.sticky.bonus if (c.sticky.hot_bonus or not hot) else 0.0
         busy = self.cost.busy_weight(req, candidates)
+        lead = self._holder_ttft(req, candidates, hits) if replicate and self._young_bounded(req) else None
         for w in candidates:
             hit = hits[w.id]
             ttft_s, miss_s, cost_s = self.cost.parts(req, w, hit, kept[w.id], busy)
             if kept[w.id] > hit:  # a new replica: its one-time prefill, shared by the requests it will serve
                 # (when every worker is busy, that prefill is capacity lost to all: the share shrinks)
                 free_ttft = self.cost.parts(req, w, kept[w.id])[0]
-                share = 1.0 - 1.0 / (1.0 + self._replica_share(req, hits))
-                cost_s -= (ttft_s - free_ttft) * share / (1.0 + busy)
+                invest = ttft_s - free_ttft
+                gain = self._young_gain(req, lead, ttft_s, free_ttft)
+                if gain is not None and gain <= 0.0:  # nothing sooner than the holder: a plain recompute
+                    ttft_s, miss_s, cost_s = self.cost.parts(req, w, hit, None, busy)
+                else:
+                    share = 1.0 - 1.0 / (1.0 + self._replica_share(req, hits))
+                    cost_s -= min(invest, invest if gain is None else gain) * share / (1.0 + busy)
             costs[w.id] = cost_s * (1.0 - cold[w.id])
             if w.id == req.sticky_worker:
                 costs[w.id] *= 1.0 - bonus
@@ -170,6 +177,47 @@ class KvgatePolicy:
                 return dataclasses.replace(req, prefix_rate=steady, prefix_rate_steady=None)
         return req
 
+    def _holder_ttft(
+        self, req: RequestView, candidates: Sequence[WorkerView], hits: dict[str, int]
+    ) -> float | None:
+        """The best holder's predicted TTFT with its hit (the cost model's), None without a holder."""
+        ttfts = [self.cost.parts(req, w, hits[w.id])[0] for w in candidates if hits[w.id] > 0]
+        return min(ttfts) if ttfts else None
+
+    def _young_gain(
+        self, req: RequestView, lead: float | None, ttft_s: float, free_ttft: float
+    ) -> float | None:
+        """What a replica priced on the young reading (`rate_young_bound = "horizon"`) offers, in seconds,
+        or None when no bound applies (the plain EWMA, or `rate_young_replica_gain = "any"`).
+
+            sooner  the best holder's TTFT minus the replica's for this request (its full prefill
+                    included): ≤ 0 when a holder still serves it sooner, and then the copy is a plain
+                    recompute (its prefill is miss work, nothing is discounted)
+            wait    the best holder's TTFT minus the replica's once it holds the prefix: a later
+                    request of the prefix gains at most that lead over the holder, so the discount per
+                    shared request is capped by it (no lead: a plain recompute, as with sooner)
+
+        A young reading is a few requests of a new prefix; a copy made while its holder still
+        serves them sooner is a lost hit for no later gain (docs/BENCHMARKS.md, the share horizon,
+        session 10: 8 of rag 1.2/16's 9 lost hits were such copies)."""
+        c = self.config
+        if lead is None or not self._young_bounded(req):
+            return None
+        if c.rate_young_replica_gain == "sooner":
+            return lead - ttft_s
+        if c.rate_young_replica_gain == "wait":
+            return max(0.0, lead - free_ttft) or -1.0
+        return None
+
+    def _young_bounded(self, req: RequestView) -> bool:
+        """The request reads the young window and `rate_young_replica_gain` bounds its copies."""
+        c = self.config
+        return (
+            c.rate_young_bound == "horizon"
+            and req.prefix_rate_steady is not None
+            and c.rate_young_replica_gain != "any"
+        )
+
     @cached_property
     def _session(self) -> SessionPreference:
         guard = self._serve_cost(self.guard_ttft)
@@ -180,9 +228,21 @@ class KvgatePolicy:
         return ColdStart(self.config.cold_start.period_s, self.config.cold_start.discount)
 
     def _replica_share(self, req: RequestView, hits: dict[str, int]) -> float:
-        """Requests of the prefix a new replica can expect within the stickiness window (rate ÷ replicas)."""
+        """Requests of the prefix a new replica can expect within the stickiness window (rate ÷ replicas).
+
+        `rate_young_bound = "horizon"`: a young window's reading (`prefix_rate_steady` set) is evidence
+        for as long as the window it was read over, not for the whole stickiness window: the replica is
+        priced as shared by the requests that reading has shown (rate × the young window), with the
+        plain EWMA's extrapolation over the stickiness window as a floor (docs/BENCHMARKS.md, "the share
+        horizon", session 10)."""
         holders = sum(1 for h in hits.values() if h > 0)
-        return req.prefix_rate * self.config.sticky.window_s / (holders + 1)
+        c = self.config
+        horizon = c.sticky.window_s
+        steady = req.prefix_rate_steady
+        if c.rate_young_bound == "horizon" and steady is not None:
+            young = req.prefix_rate * min(horizon, c.rate_young_window_s)
+            return max(steady * horizon, young) / (holders + 1)
+        return req.prefix_rate * horizon / (holders + 1)
 
     def _replicate_hot(self, req: RequestView, hits: dict[str, int]) -> bool:
         """Hot prefix with non-holders among the candidates: below the cap, or ReplicaCap found the

@@ -34,6 +34,10 @@ def test_load_builds_nested_tables_and_widens_ints() -> None:
         pytest.param({"cold_start": {"discount": 1.0}}, "routing.cold_start.discount", id="discount 1"),
         pytest.param({"replicas": {"cap": True}}, "routing.replicas.cap", id="bool is not an int"),
         pytest.param({"ttft": {"miss_load": "erlang"}}, "routing.ttft.miss_load", id="unknown miss_load"),
+        pytest.param({"rate_young_bound": "cap"}, "routing.rate_young_bound", id="unknown young bound"),
+        pytest.param(
+            {"rate_young_replica_gain": "all"}, "routing.rate_young_replica_gain", id="unknown young gain"
+        ),
     ],
 )
 def test_bad_values_are_errors_with_a_path(raw: dict[str, object], path: str) -> None:

@@ -390,3 +390,79 @@ def test_a_young_prefix_is_not_hot_while_its_holder_still_serves_it_sooner_than_
     assert policy.hot_evidence(view, loaded) is view
     pick = policy.decide(view, loaded, random.Random(0), 0.3)
     assert pick.worker == "b" and "replica" in pick.reason
+
+
+def test_a_replica_built_on_the_young_reading_is_shared_by_the_requests_it_has_shown_only() -> None:
+    # `rate_young_bound = "horizon"` (docs/BENCHMARKS.md, the share horizon, session 10): mooncake_arxiv
+    # 1.2/8's document had 4 requests in its first 2 s, and the young reading (1.5 req/s) priced a
+    # replica on an idle worker as shared by 1.5 × 30 s ÷ 2 = 22.5 later requests. Here 2 requests after
+    # the first read 1 req/s; over the stickiness window that is 15 requests per replica (share 0.94,
+    # the replica costs 2 s × 0.06 = 0.125 s), over the young window 1 (share 0.5, 1 s): the holder a
+    # with 0.5 s queued keeps the request; with 1.5 s queued the replica on b still wins.
+    config = dataclasses.replace(
+        CONFIG,
+        rate_young_window_s=2.0,
+        rate_young_bound="horizon",
+        rate_young_replica_gain="any",
+        ttft=dataclasses.replace(CONFIG.ttft, miss_weight=1.0),
+        replicas=ReplicaConfig(hot_rate_per_s=0.3),
+    )
+    policy = KvgatePolicy(config)
+    light = [w("a", 500), w("b", 0)]
+    view = _young_view(config, light, 4)
+    assert view.prefix_rate >= 0.9 and view.prefix_rate_steady is not None and view.prefix_rate_steady < 0.3
+    pick = policy.decide(view, light, random.Random(0), 0.3)
+    assert pick.worker == "a" and "replica" in pick.reason  # hot (no sticky hold), but not copied
+    assert pick.scores["b"]["cost"] == pytest.approx(1.0, abs=0.05)
+    loaded = [w("a", 1500), w("b", 0)]
+    view = _young_view(config, loaded, 4)
+    pick = policy.decide(view, loaded, random.Random(0), 0.3)
+    assert pick.worker == "b" and "replica" in pick.reason
+
+
+def test_a_replica_on_the_young_reading_must_serve_its_own_request_sooner_than_the_holder() -> None:
+    # rag 1.2/16 (docs/BENCHMARKS.md, the share horizon, session 10): 9 requests lost their document's
+    # hit to a copy on an idle worker that served them later than the holder would have (request 78:
+    # holder 0.104 s predicted, the copy 0.120 s), priced as shared by the young reading's requests.
+    # With `rate_young_replica_gain = "sooner"` such a copy is a plain recompute: holder a with 1.5 s
+    # queued (sooner than b's 2 s full prefill) keeps the request; with 2.5 s queued b's replica wins.
+    config = dataclasses.replace(
+        CONFIG,
+        rate_young_window_s=2.0,
+        rate_young_bound="horizon",
+        rate_young_replica_gain="sooner",
+        ttft=dataclasses.replace(CONFIG.ttft, miss_weight=1.0),
+        replicas=ReplicaConfig(hot_rate_per_s=0.3),
+    )
+    policy = KvgatePolicy(config)
+    sooner = [w("a", 1500), w("b", 0)]
+    view = _young_view(config, sooner, 4)
+    pick = policy.decide(view, sooner, random.Random(0), 0.3)
+    assert pick.worker == "a"
+    assert pick.scores["b"]["cost"] == pytest.approx(4.0, abs=0.05)  # 2 s prefill + 2 s miss work
+    later = [w("a", 2500), w("b", 0)]
+    view = _young_view(config, later, 4)
+    pick = policy.decide(view, later, random.Random(0), 0.3)
+    assert pick.worker == "b" and "replica" in pick.reason
+
+
+def test_a_replica_on_the_young_reading_is_discounted_by_at_most_the_holders_lead() -> None:
+    # `rate_young_replica_gain = "wait"`: a later request of the prefix gains over the holder at most
+    # the holder's lead (its predicted TTFT minus the copy's once it holds the prefix), so the share
+    # discount per request is capped by it. Holder a with 1.1 s queued: the copy on b (2 s prefill,
+    # share 0.5) is discounted by 1.1 × 0.5, not 2 × 0.5, and costs 1.45 s: a keeps the request
+    # (without the cap b costs 1.0 s and wins).
+    config = dataclasses.replace(
+        CONFIG,
+        rate_young_window_s=2.0,
+        rate_young_bound="horizon",
+        rate_young_replica_gain="wait",
+        ttft=dataclasses.replace(CONFIG.ttft, miss_weight=1.0),
+        replicas=ReplicaConfig(hot_rate_per_s=0.3),
+    )
+    policy = KvgatePolicy(config)
+    workers = [w("a", 1100), w("b", 0)]
+    view = _young_view(config, workers, 4)
+    pick = policy.decide(view, workers, random.Random(0), 0.3)
+    assert pick.worker == "a"
+    assert pick.scores["b"]["cost"] == pytest.approx(1.45, abs=0.05)
