@@ -10,10 +10,11 @@ Per worker it knows the requests in flight, the uncached prefill tokens whose fi
 back (`pending_prefill_tokens`), how many requests are still waiting for their first token
 (`pending_requests`), how late the most overdue of them is against the TTFT predicted when it was
 routed (`overdue_s`), and the prompt tokens of the requests decoding there (first token back, not
-finished: `decoding_context_tokens`), the KV each engine step reads for the running batch. Lateness is the measured part of the wait: a worker whose queue stalls for a
-reason the TTFT model does not see (KV cache full of long contexts, preemptions, a slow or throttled
-GPU, an evicted cache) shows it in its pending requests at once, long before any of them returns, so
-no affinity rule can keep feeding it while the queue grows. The simulator adapter and the gateway
+finished: `decoding_context_tokens`), the KV each engine step reads for the running batch.
+Lateness is the measured part of the wait: a worker whose queue stalls for a reason the TTFT model
+does not see (KV cache full of long contexts, preemptions, a slow or throttled GPU, an evicted cache)
+shows it in its pending requests at once, long before any of them returns, so no affinity rule can
+keep feeding it while the queue grows. The simulator adapter and the gateway
 keep one ledger per model; nothing here does I/O or reads a clock.
 """
 
