@@ -68,11 +68,11 @@ class TtftModelConfig:
         0.0, 1e-3, 5.6e-8, "... plus this per context token (the KV read of every engine step)"
     )
     decode_batch_read: bool = field(
-        default=True,
+        default=False,
         metadata={
             "help": "the predicted TTFT counts the KV read of the worker's running decodes in the engine "
-            "steps before the first token (decode_s_per_token_ctx × their context; false: not, as before "
-            "session 10)"
+            "steps before the first token (decode_s_per_token_ctx × their context; off by default: "
+            "better p50, worse p99 on the issue-9 grids, docs/BENCHMARKS.md session 10)"
         },
     )
     replica_busy: bool = field(

@@ -399,11 +399,11 @@ def test_a_hit_goes_where_the_running_decodes_read_less_kv_before_its_first_toke
     # term a looks free (0 s against 0.05 s).
     hit = req({"a": 4, "b": 4})
     workers = [w("a", 0, inflight=30, decoding_context_tokens=1_000_000), w("b", 50, inflight=1)]
-    d = POLICY.decide(hit, workers, random.Random(0), 0.0)
+    on = KvgatePolicy(
+        dataclasses.replace(CONFIG, ttft=dataclasses.replace(CONFIG.ttft, decode_batch_read=True))
+    )
+    d = on.decide(hit, workers, random.Random(0), 0.0)
     assert d.worker == "b"
     assert d.scores["a"]["predicted-ttft"] == pytest.approx(1.5 * 5.6e-8 * 1_000_000)
-    # routing.ttft.decode_batch_read = false: the running batch is not counted (before session 10)
-    off = KvgatePolicy(
-        dataclasses.replace(CONFIG, ttft=dataclasses.replace(CONFIG.ttft, decode_batch_read=False))
-    )
-    assert off.decide(hit, workers, random.Random(0), 0.0).worker == "a"
+    # the default (routing.ttft.decode_batch_read = false): the running batch is not counted
+    assert POLICY.decide(hit, workers, random.Random(0), 0.0).worker == "a"
