@@ -147,6 +147,7 @@ class ModelRouting:
                     kv_usage=w.kv_usage,
                     pending_prefill_tokens=ledger.pending_prefill_tokens(w.id),
                     overdue_s=ledger.overdue_s(w.id, now_s),
+                    decoding_context_tokens=ledger.decoding_context_tokens(w.id),
                     capacity_tokens=w.capacity_tokens,
                     max_concurrency=w.max_concurrency,
                     joined_s=w.joined_ms / 1000,
@@ -360,7 +361,7 @@ class Router:
         predicted = scores.get("predicted-ttft", 0.0) if route.streamed else math.inf
         uncached = max(0, view.prompt_tokens - view.hit_tokens(worker))
         (self.models.get(route.model) or self.model(route.model)).ledger.dispatch(
-            view.id, worker, uncached, predicted, time.monotonic()
+            view.id, worker, uncached, predicted, time.monotonic(), view.prompt_tokens
         )
 
     def record(self, route: Route) -> None:

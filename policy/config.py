@@ -67,7 +67,15 @@ class TtftModelConfig:
         0.0, 10.0, 1.24e-4, "decode time per output token in a full batch (cluster load only)"
     )
     decode_s_per_token_ctx: float = _within(
-        0.0, 1e-3, 5.6e-8, "... plus this per context token (the KV read; cluster load only)"
+        0.0, 1e-3, 5.6e-8, "... plus this per context token (the KV read of every engine step)"
+    )
+    decode_batch_read: bool = field(
+        default=False,
+        metadata={
+            "help": "the predicted TTFT counts the KV read of the worker's running decodes in the engine "
+            "steps before the first token (decode_s_per_token_ctx × their context; off by default: "
+            "better p50, worse p99 on the issue-9 grids, docs/BENCHMARKS.md session 10)"
+        },
     )
     replica_busy: bool = field(
         default=True,

@@ -60,7 +60,13 @@ class KvgatePolicy:
     def ttft(self) -> PredictedTtft:
         t = self.config.ttft
         model = TtftModel(
-            t.prefill_tokens_per_s, t.decode_slowdown, t.overhead_s, t.attention_s_per_token_ctx
+            t.prefill_tokens_per_s,
+            t.decode_slowdown,
+            t.overhead_s,
+            t.attention_s_per_token_ctx,
+            t.decode_s_per_token,
+            t.decode_s_per_token_ctx,
+            batch_read=t.decode_batch_read,
         )
         return PredictedTtft(model=model, min_gain=self.config.min_cache_gain)
 

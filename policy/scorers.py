@@ -46,11 +46,19 @@ class TtftModel:
         own  = u / prefill_tokens_per_s + attention_s_per_token_ctx × u × (hit + u / 2)
         wait = overhead_s + w.pending_prefill_tokens / prefill_tokens_per_s × slow
                late=True: overhead_s + max(that queued prefill, w.overdue_s)
-        ttft = wait + own × slow,      slow = 1 + decode_slowdown × w.inflight
+        ttft = wait + own × slow + read,      slow = 1 + decode_slowdown × w.inflight
+        read = 1.5 × decode_s_per_token_ctx × w.decoding_context_tokens       (batch_read; else 0)
 
     u = prompt − hit is the request's uncached prefill, `pending_prefill_tokens` the uncached prefill
     already queued on the worker (router-side, R); attention makes long prompts super-linear; `slow` is
-    the share of each engine step taken by running decodes (chunked prefill shares steps).
+    the share of each engine step taken by running decodes (chunked prefill shares steps). `read` is
+    the time the engine steps before the first token spend reading the running decodes' KV (R: the
+    prompt tokens of the requests decoding there, `decoding_context_tokens`): each step reads all of
+    it, whatever its prefill, so it adds the same seconds to a short prefill as to a long one, which
+    `slow` (a share of the prefill) cannot say: a hit on a worker with 30 decodes of 7k-token contexts
+    waits ~19 ms more than on an idle one, more than its own prefill (the step in progress, half of
+    one on average, and the step that runs the prefill; a longer prefill's further steps are a small
+    share of its own time and are not counted). The engine profiles' `f_ms_per_ctx_token`.
     `overdue_s` (R, policy/ledger.py) is how late the worker's most overdue queued request already is
     against its own prediction: a new request queues behind it, so the queue is at least that long,
     whatever the model says (a KV cache full of long contexts stalls admission without any prefill
@@ -68,6 +76,7 @@ class TtftModel:
     attention_s_per_token_ctx: float = 1.06e-9
     decode_s_per_token: float = 1.24e-4  # cluster load only (`work_s`)
     decode_s_per_token_ctx: float = 5.6e-8
+    batch_read: bool = False  # count the running decodes' KV read in the TTFT (`read` above)
 
     def work_s(self, uncached_tokens: int, hit_tokens: int, output_tokens: int) -> float:
         """Engine seconds a request takes from a worker: its uncached prefill, and its decode in a full
@@ -85,7 +94,14 @@ class TtftModel:
         self, w: WorkerView, uncached_tokens: int, hit_tokens: int = 0, *, late: bool = False
     ) -> float:
         own = self.own_prefill_s(uncached_tokens, hit_tokens) * self.slowdown(w)
-        return self.wait_s(w, late=late) + own
+        return self.wait_s(w, late=late) + own + self.batch_read_s(w)
+
+    def batch_read_s(self, w: WorkerView) -> float:
+        """The KV read of the worker's running decodes in the steps up to a new request's first token
+        (`read` above; 0 unless `batch_read`)."""
+        if not self.batch_read:
+            return 0.0
+        return 1.5 * self.decode_s_per_token_ctx * max(0, w.decoding_context_tokens)
 
     def slowdown(self, w: WorkerView) -> float:
         return 1.0 + self.decode_slowdown * max(0, w.inflight)

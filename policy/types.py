@@ -57,6 +57,9 @@ class WorkerView:
         0  # router-side: prompt tokens dispatched whose first token has not come back
     )
     overdue_s: float = 0.0  # router-side: how late the most overdue of those is against its prediction
+    # router-side: prompt tokens of the requests decoding there (first token back, not finished): the
+    # KV every engine step reads for the running batch
+    decoding_context_tokens: int = 0
     capacity_tokens: int = 0  # KV cache capacity in tokens (num_gpu_blocks * block_size); 0 = unknown
     max_concurrency: int = 0  # requests the worker takes at once before queueing locally; 0 = unknown
     joined_s: float = 0.0  # when the worker joined the pool (cold-start exploration)

@@ -147,7 +147,7 @@ class PolicyRouter:
             self._speculative.append((now_s, worker, req.block_ids))
         uncached = max(0, req.input_tokens - view.hit_tokens(worker))
         predicted = decision.scores.get(worker, {}).get("predicted-ttft", 0.0)
-        self.ledger.dispatch(str(req.id), worker, uncached, predicted, now_s)
+        self.ledger.dispatch(str(req.id), worker, uncached, predicted, now_s, req.input_tokens)
         if self.sessions is not None and req.session is not None:
             kind = outcome(view, dataclasses.replace(decision, worker=worker))
             self.session_outcomes[kind] = self.session_outcomes.get(kind, 0) + 1

@@ -466,3 +466,20 @@ def test_a_replica_on_the_young_reading_is_discounted_by_at_most_the_holders_lea
     pick = policy.decide(view, workers, random.Random(0), 0.3)
     assert pick.worker == "a"
     assert pick.scores["b"]["cost"] == pytest.approx(1.45, abs=0.05)
+
+
+def test_a_hit_goes_where_the_running_decodes_read_less_kv_before_its_first_token() -> None:
+    # both hold the whole prompt. a has nothing queued but a decode batch of 1M context tokens: every
+    # engine step reads their KV (5.6e-8 s per token), 1.5 steps up to the first token = 0.084 s.
+    # b has 50 tokens of prefill queued (0.05 s) and nothing decoding: b is sooner. Without the read
+    # term a looks free (0 s against 0.05 s).
+    hit = req({"a": 4, "b": 4})
+    workers = [w("a", 0, inflight=30, decoding_context_tokens=1_000_000), w("b", 50, inflight=1)]
+    on = KvgatePolicy(
+        dataclasses.replace(CONFIG, ttft=dataclasses.replace(CONFIG.ttft, decode_batch_read=True))
+    )
+    d = on.decide(hit, workers, random.Random(0), 0.0)
+    assert d.worker == "b"
+    assert d.scores["a"]["predicted-ttft"] == pytest.approx(1.5 * 5.6e-8 * 1_000_000)
+    # the default (routing.ttft.decode_batch_read = false): the running batch is not counted
+    assert POLICY.decide(hit, workers, random.Random(0), 0.0).worker == "a"

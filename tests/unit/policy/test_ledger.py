@@ -50,3 +50,18 @@ def test_a_repeated_id_replaces_its_earlier_dispatch() -> None:
     ledger.dispatch("a", "w1", 200, 0.0, now_s=1.0)  # re-routed after the first worker turned it down
     assert (ledger.inflight("w0"), ledger.inflight("w1"), ledger.pending_prefill_tokens("w1")) == (0, 1, 200)
     assert ledger.overdue_s("w0", 5.0) == 0.0 and ledger.overdue_s("w1", 5.0) == 4.0
+
+
+def test_decoding_context_counts_a_request_from_its_first_token_to_its_end() -> None:
+    # the KV the running batch reads at every step: prompts of requests that decode (first token back)
+    ledger = InflightLedger()
+    ledger.dispatch("a", "w0", 1000, 0.5, 0.0, context_tokens=7000)
+    ledger.dispatch("b", "w0", 500, 0.5, 0.0, context_tokens=3000)
+    assert ledger.decoding_context_tokens("w0") == 0  # both still wait for their prefill
+    ledger.first_token("a", 0.4)
+    assert ledger.decoding_context_tokens("w0") == 7000
+    assert ledger.annotate([WorkerView("w0")], 0.4)[0].decoding_context_tokens == 7000
+    ledger.finish("b", 0.6)  # ended without a first token: it never decoded
+    assert ledger.decoding_context_tokens("w0") == 7000
+    ledger.finish("a", 1.0)
+    assert ledger.decoding_context_tokens("w0") == 0
