@@ -302,13 +302,22 @@ async def run_paired(
     return [list(flat[k * n : (k + 1) * n]) for k in range(len(schedules))]
 
 
-def client_paired(ours: list[LiveResult], base: list[LiveResult]) -> tuple[float, int] | None:
-    """(median over the requests both sides served of our client TTFT − the base side's, in ms; count)."""
+def client_paired(
+    ours: list[LiveResult], base: list[LiveResult], *, hits_only: bool = False
+) -> tuple[float, int] | None:
+    """(median over the requests both sides served of our client TTFT − the base side's, in ms; count).
+    `hits_only`: only the requests that were a hit on both sides (the worker reported at least half the
+    prompt cached), so that a miss on one side (a ~160 ms prefill here) does not enter the pair."""
+
+    def hit(r: LiveResult) -> bool:
+        return 2 * r.cached_tokens >= r.prompt_tokens > 0
+
     deltas = [
         (a.ttft_s - b.ttft_s) * 1000
         for a, b in zip(ours, base, strict=True)
         if a.ok and b.ok and a.ttft_s is not None and b.ttft_s is not None
-    ]
+        and (not hits_only or (hit(a) and hit(b)))
+    ]  # fmt: skip
     return (statistics.median(deltas), len(deltas)) if deltas else None
 
 
@@ -369,6 +378,7 @@ def main(argv: list[str]) -> int:
     names = labels(modes)
     runs: list[tuple[RunSummary, dict[str, float]]] = []
     client: dict[str, tuple[float, int] | None] = {}
+    per_request: dict[str, list[dict[str, object]]] = {}
     with tempfile.TemporaryDirectory(prefix="kvgate-exact-") as tmp, contextlib.ExitStack() as closing:
         log_dir = args.logs or Path(tmp)
         tokenizer = toy_model.build(Path(tmp) / "model") if args.local_tokenizer else None
@@ -403,9 +413,17 @@ def main(argv: list[str]) -> int:
             wall_s = time.perf_counter() - started
             for stack, gateway, name, res, c0 in zip(stacks, gateways, names, results, before, strict=True):
                 runs.append(finish(stack, gateway, name, requests, res, wall_s, c0))
-            client = {
-                name: client_paired(res, results[0]) for name, res in zip(names[1:], results[1:], strict=True)
-            }
+            for name, res in zip(names[1:], results[1:], strict=True):
+                client[name] = client_paired(res, results[0])
+                client[f"{name} hits"] = client_paired(res, results[0], hits_only=True)
+            per_request = {
+                name: [
+                    {"ttft_ms": None if r.ttft_s is None else round(r.ttft_s * 1000, 3),
+                     "cached": r.cached_tokens, "prompt": r.prompt_tokens, "worker": r.worker}
+                    for r in res
+                ]
+                for name, res in zip(names, results, strict=True)
+            }  # fmt: skip
     working_set = scenario.working_set_tokens(count)
     estimate = sum(len(p) for p in scenario.system_prompts()) / CHARS_PER_TOKEN
     tokens, each = "toy BPE" if tokenizer else "fake tokenizer", working_set / scenario.tenants
@@ -430,11 +448,12 @@ def main(argv: list[str]) -> int:
             print(f"paired TTFT delta {name} − {base}: median {paired[0]:+.2f} ms, {paired[1]} requests")
     first = runs[0][0]
     for (r, _), name in zip(runs[1:], names[1:], strict=True) if args.paired else ():
-        delta = client.get(name)
+        delta, hits = client.get(name), client.get(f"{name} hits")
         print(
             f"same window, {name} / {base}: TTFT p50 {r.ttft_p50 / first.ttft_p50:.3f}, p99 "
             f"{r.ttft_p99 / first.ttft_p99:.3f}; client paired delta "
             + (f"median {delta[0]:+.2f} ms, {delta[1]} requests" if delta else "none")
+            + (f" (a hit on both sides: {hits[0]:+.2f} ms, {hits[1]})" if hits else "")
         )
     if args.json:
         out = {
@@ -442,6 +461,7 @@ def main(argv: list[str]) -> int:
             "runs": [{**asdict(r), "extra": extra} for r, extra in runs],
             "client_paired_delta_ms": {k: v[0] for k, v in client.items() if v},
             "logged_paired_delta_ms": {k: v[0] for k, v in logged.items() if v},
+            "requests": per_request,  # --paired: each side's client results, in request order
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1) + "\n")

@@ -57,3 +57,13 @@ def test_the_client_paired_delta_is_the_median_over_the_requests_both_sides_serv
     assert round(delta[0], 6) == 2.0
     assert delta[1] == 3
     assert client_paired([result(0, None, 503)], [result(0, 0.01)]) is None
+
+
+def test_the_hits_only_delta_leaves_out_a_request_that_missed_on_either_side() -> None:
+    def result(i: int, ttft: float, cached: int) -> LiveResult:
+        return LiveResult(index=i, status=200, ttft_s=ttft, prompt_tokens=100, cached_tokens=cached)
+
+    base = [result(0, 0.010, 96), result(1, 0.200, 0), result(2, 0.030, 96)]
+    ours = [result(0, 0.011, 96), result(1, 0.020, 96), result(2, 0.033, 96)]
+    assert client_paired(ours, base) == pytest.approx((1.0, 3))
+    assert client_paired(ours, base, hits_only=True) == pytest.approx((2.0, 2))
