@@ -17,13 +17,24 @@ has its own x-request-id, the same in every mode).
 prefix-cache hit rate, the exact run's /tokenize cost and fallbacks (from the gateway's /metrics), the
 workers' own mean TTFT, the gateway's hot-path CPU per stage and the CPU of each kind of process.
 
+`--paired` runs the modes at once instead: each mode gets its own stack (Redis, 4 workers and their
+agents, its gateway), and every request of the one open-loop schedule is sent to each gateway in turn,
+the next copy `--offset-ms` after the first (default half the mean gap) and the sides taking turns at
+being first. The two 30 s windows of the sequential A/B become one, so the machine's load (this
+benchmark's own processes and everything else on the cores) falls on both modes alike. It prints the
+same table, each side's p50 and p99 over the first side's, and the client paired delta: the median over
+the requests of a side's client TTFT − the first side's. `--order approximate,approximate` is its null
+test (it should read ~1.00 and ~0 ms).
+
     python -m bench.exact_demo [--requests 240] [--rate 8] [--order exact,approximate] [--decision-log DIR]
+        [--paired [--offset-ms MS]] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -32,9 +43,10 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import aiohttp
 from tokenizers import Tokenizer
 
 from bench import toy_model
@@ -50,7 +62,7 @@ from bench.demo import (
 )
 from bench.emulator import tokenizer as fake
 from bench.live_scenarios import TenantPromptsScenario
-from bench.loadgen import run_open_loop
+from bench.loadgen import LiveRequest, LiveResult, run_open_loop, send_streaming
 from bench.stack import Stack
 from policy.prefix import CHARS_PER_TOKEN
 from store.redis_server import free_port
@@ -128,51 +140,185 @@ def token_counter(tokenizer: Path | None) -> Callable[[str], int]:
     return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
 
 
-def run(
+@dataclass(frozen=True)
+class Counters:
+    """A stack's counters at one moment: the workers' prefix-cache hits and queries, their own TTFT sum
+    and count, the CPU seconds of each kind of process."""
+
+    hits: float
+    queries: float
+    ttft: tuple[float, float]
+    cpu: dict[str, float]
+
+
+def counters(stack: Stack) -> Counters:
+    hits, queries = prefix_cache_counters(stack.worker_urls)
+    return Counters(hits, queries, worker_ttft(stack.worker_urls), cpu_seconds(stack))
+
+
+def start_workers(stack: Stack, scenario: TenantPromptsScenario, tokenizer: Path | None) -> dict[str, str]:
+    """The stack's 4 emulated workers (2,000 KV blocks each, publishing KV events); their event
+    endpoints by worker id."""
+    endpoints = {}
+    for i in range(WORKERS):
+        wid, endpoints[f"w{i}"] = f"w{i}", f"tcp://127.0.0.1:{free_port()}"
+        stack.start_worker(
+            wid, model=scenario.model, profile=PROFILE, time_scale=1.0,
+            extra=["--num-gpu-blocks", str(NUM_GPU_BLOCKS), "--kv-events-endpoint", endpoints[wid],
+                   *(["--tokenizer", str(tokenizer)] if tokenizer else [])],
+        )  # fmt: skip
+    return endpoints
+
+
+def start_mode(
     stack: Stack,
     mode: str,
+    label: str,
     scenario: TenantPromptsScenario,
-    work_dir: Path,
+    endpoints: dict[str, str],
     tokenizer: Path | None = None,
     decision_log: Path | None = None,
-) -> tuple[RunSummary, dict[str, float]]:
-    config = work_dir / f"gateway-{mode}.toml"
+) -> str:
+    """Agents again (following the KV events unless `mode` is approximate), a gateway in `mode` named
+    `label`, the workers' caches reset; the gateway's URL once it routes to every worker."""
+    for i, url in enumerate(stack.worker_urls):
+        stack.stop_process(f"agent-w{i}")
+        kv = ["--kv-events", endpoints[f"w{i}"]] if mode != "approximate" else []
+        stack.start_agent(f"w{i}", url, model=scenario.model, extra=kv)
+    config = stack.log_dir / f"gateway-{label}.toml"
     local = f'tokenizer = "{tokenizer}"\n' if tokenizer is not None and mode == "exact" else ""
-    log = f'\n[decision_log]\nfile = "{decision_log / f"decisions-{mode}.jsonl"}"\n' if decision_log else ""
+    log = f'\n[decision_log]\nfile = "{decision_log / f"decisions-{label}.jsonl"}"\n' if decision_log else ""
     prefix_mode = "exact" if mode == "exact" else "approximate"
     config.write_text(
         f'[routing]\nprefix_mode = "{prefix_mode}"\n\n[models."{scenario.model}"]\n{local}{log}'
     )
-    gateway = stack.start_gateway(mode, config=config)
+    gateway = stack.start_gateway(label, config=config)
     wait_routable(gateway, WORKERS)
     reset_caches(stack.worker_urls)
-    hits0, queries0 = prefix_cache_counters(stack.worker_urls)
-    ttft0 = worker_ttft(stack.worker_urls)
-    cpu0 = cpu_seconds(stack)
-    started = time.perf_counter()
-    # an x-request-id per request: the decision records of two modes pair up request by request
-    requests = [
+    return gateway
+
+
+def demo_requests(scenario: TenantPromptsScenario) -> list[LiveRequest]:
+    """The scenario's requests, each with an x-request-id (`demo-<i>`): the decision records of two
+    modes pair up request by request."""
+    return [
         replace(q, headers={**q.headers, "x-request-id": f"demo-{i}"}) for i, q in enumerate(scenario.build())
     ]
-    results = asyncio.run(run_open_loop(gateway, requests))
-    wall_s = time.perf_counter() - started
-    hits1, queries1 = prefix_cache_counters(stack.worker_urls)
-    ttft1 = worker_ttft(stack.worker_urls)
-    cpu1 = cpu_seconds(stack)
+
+
+def finish(
+    stack: Stack,
+    gateway: str,
+    label: str,
+    requests: list[LiveRequest],
+    results: list[LiveResult],
+    wall_s: float,
+    before: Counters,
+) -> tuple[RunSummary, dict[str, float]]:
+    """The run's summary and extras from the counters since `before`; stops the gateway."""
+    after = counters(stack)
     extra = gateway_metrics(stack.metrics_urls[gateway])
     for key in [k for k in extra if k.startswith("cpu_ms")]:
         extra[key] = round(extra[key] * 1000 / len(requests), 3)
-    for role, used in cpu1.items():  # CPU the run cost each kind of process (ms per request)
-        extra[f"proc_cpu_ms{{{role}}}"] = round((used - cpu0.get(role, 0.0)) * 1000 / len(requests), 2)
+    for role, used in after.cpu.items():  # CPU the run cost each kind of process (ms per request)
+        extra[f"proc_cpu_ms{{{role}}}"] = round((used - before.cpu.get(role, 0.0)) * 1000 / len(requests), 2)
     ttfts = [r.ttft_s for r in results if r.ok and r.ttft_s is not None]
     extra["client_ttft_mean_ms"] = round(sum(ttfts) * 1000 / max(1, len(ttfts)), 2)
-    extra["worker_ttft_mean_ms"] = round((ttft1[0] - ttft0[0]) * 1000 / max(1.0, ttft1[1] - ttft0[1]), 2)
+    extra["worker_ttft_mean_ms"] = round(
+        (after.ttft[0] - before.ttft[0]) * 1000 / max(1.0, after.ttft[1] - before.ttft[1]), 2
+    )
     # spread: distinct (system prompt, worker) pairs the requests used (12 = each tenant on one worker)
     extra["placements"] = len(
         {(json.dumps(q.body["messages"][0]), r.worker) for q, r in zip(requests, results, strict=True)}  # type: ignore[index]
     )
-    stack.stop_process(f"gateway-{mode}")
-    return summarize(mode, results, wall_s, hits1 - hits0, queries1 - queries0), extra
+    stack.stop_process(f"gateway-{label}")
+    summary = summarize(label, results, wall_s, after.hits - before.hits, after.queries - before.queries)
+    return summary, extra
+
+
+def run(
+    stack: Stack,
+    mode: str,
+    label: str,
+    scenario: TenantPromptsScenario,
+    endpoints: dict[str, str],
+    tokenizer: Path | None = None,
+    decision_log: Path | None = None,
+) -> tuple[RunSummary, dict[str, float]]:
+    """One mode alone on `stack` (the sequential A/B)."""
+    gateway = start_mode(stack, mode, label, scenario, endpoints, tokenizer, decision_log)
+    before = counters(stack)
+    requests = demo_requests(scenario)
+    started = time.perf_counter()
+    results = asyncio.run(run_open_loop(gateway, requests))
+    return finish(stack, gateway, label, requests, results, time.perf_counter() - started, before)
+
+
+def labels(modes: list[str]) -> list[str]:
+    """A name per side: its mode, with `-2`, `-3`, ... for a mode's repeats (`approximate,approximate`
+    is the pairing's null test)."""
+    out: list[str] = []
+    for mode in modes:
+        repeats = sum(1 for m in out if m == mode or m.startswith(f"{mode}-"))
+        out.append(mode if repeats == 0 else f"{mode}-{repeats + 1}")
+    return out
+
+
+def interleave(requests: list[LiveRequest], sides: int, offset_s: float) -> list[list[LiveRequest]]:
+    """One open-loop schedule for `sides` gateways: request i goes to every side, side s at its send
+    time + `offset_s` × ((i + s) mod sides), so the sides take turns being first and each pair falls in
+    the same moment of the machine's load."""
+    return [
+        [replace(q, send_at_s=q.send_at_s + offset_s * ((i + s) % sides)) for i, q in enumerate(requests)]
+        for s in range(sides)
+    ]
+
+
+async def run_paired(
+    urls: list[str], schedules: list[list[LiveRequest]], *, timeout_s: float = 300.0
+) -> list[list[LiveResult]]:
+    """Every side's schedule against its gateway from one start time and one event loop; the results
+    per side, in request order."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = [
+            await stack.enter_async_context(
+                aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=512), timeout=timeout)
+            )
+            for url in urls
+        ]
+        start = time.perf_counter()
+
+        async def one(session: aiohttp.ClientSession, index: int, req: LiveRequest) -> LiveResult:
+            delay = start + req.send_at_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            return await send_streaming(session, index, req)
+
+        flat = await asyncio.gather(
+            *(one(s, i, r) for s, reqs in zip(sessions, schedules, strict=True) for i, r in enumerate(reqs))
+        )
+    n = len(schedules[0])
+    return [list(flat[k * n : (k + 1) * n]) for k in range(len(schedules))]
+
+
+def client_paired(
+    ours: list[LiveResult], base: list[LiveResult], *, hits_only: bool = False
+) -> tuple[float, int] | None:
+    """(median over the requests both sides served of our client TTFT − the base side's, in ms; count).
+    `hits_only`: only the requests that were a hit on both sides (the worker reported at least half the
+    prompt cached), so that a miss on one side (a ~160 ms prefill here) does not enter the pair."""
+
+    def hit(r: LiveResult) -> bool:
+        return 2 * r.cached_tokens >= r.prompt_tokens > 0
+
+    deltas = [
+        (a.ttft_s - b.ttft_s) * 1000
+        for a, b in zip(ours, base, strict=True)
+        if a.ok and b.ok and a.ttft_s is not None and b.ttft_s is not None
+        and (not hits_only or (hit(a) and hit(b)))
+    ]  # fmt: skip
+    return (statistics.median(deltas), len(deltas)) if deltas else None
 
 
 def paired_ttft_delta(log_dir: Path, mode: str, base: str = "approximate") -> tuple[float, int] | None:
@@ -206,39 +352,78 @@ def main(argv: list[str]) -> int:
         "--order", default="approximate,exact", help="the modes, run in this order (comma-separated)"
     )
     parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="run the modes of --order at once, each on its own stack (Redis, 4 workers, their agents, a "
+        "gateway), every request sent to each in turn in the same window; deltas against the first",
+    )
+    parser.add_argument(
+        "--offset-ms",
+        type=float,
+        help="--paired: how long after a request's first copy the next side's is sent (default: half the "
+        "mean gap between requests)",
+    )
+    parser.add_argument(
         "--decision-log", type=Path, help="write each mode's decision records to DIR/decisions-MODE.jsonl"
     )
+    parser.add_argument("--json", type=Path, help="also write the runs and the paired deltas here")
     args = parser.parse_args(argv)
-    if any(m not in MODES for m in args.order.split(",")):
+    modes = args.order.split(",")
+    if any(m not in MODES for m in modes):
         parser.error(f"--order: modes are {', '.join(MODES)}, not {args.order!r}")
+    if args.paired and len(modes) < 2:
+        parser.error("--paired needs at least two modes in --order")
     if args.decision_log:
         args.decision_log.mkdir(parents=True, exist_ok=True)
-    runs = []
-    with (
-        tempfile.TemporaryDirectory(prefix="kvgate-exact-") as tmp,
-        Stack(log_dir=args.logs or Path(tmp)) as stack,
-    ):
-        stack.start_redis()
+    names = labels(modes)
+    runs: list[tuple[RunSummary, dict[str, float]]] = []
+    client: dict[str, tuple[float, int] | None] = {}
+    per_request: dict[str, list[dict[str, object]]] = {}
+    with tempfile.TemporaryDirectory(prefix="kvgate-exact-") as tmp, contextlib.ExitStack() as closing:
+        log_dir = args.logs or Path(tmp)
         tokenizer = toy_model.build(Path(tmp) / "model") if args.local_tokenizer else None
         count = token_counter(tokenizer)
         # the prompts in the workers' own tokens, so the printed working set is what their KV holds
         scenario = TenantPromptsScenario(requests=args.requests, rate_rps=args.rate).sized_for(count)
-        endpoints = {}
-        for i in range(WORKERS):
-            wid, endpoints[f"w{i}"] = f"w{i}", f"tcp://127.0.0.1:{free_port()}"
-            url = stack.start_worker(
-                wid, model=scenario.model, profile=PROFILE, time_scale=1.0,
-                extra=["--num-gpu-blocks", str(NUM_GPU_BLOCKS), "--kv-events-endpoint", endpoints[wid],
-                       *(["--tokenizer", str(tokenizer)] if tokenizer else [])],
-            )  # fmt: skip
-        for mode in args.order.split(","):
-            for i, url in enumerate(stack.worker_urls):  # agents again: following the KV events in exact mode
-                stack.stop_process(f"agent-w{i}")
-                kv = ["--kv-events", endpoints[f"w{i}"]] if mode != "approximate" else []
-                stack.start_agent(f"w{i}", url, model=scenario.model, extra=kv)
-            print(f"{mode} run ...", file=sys.stderr)
-            local = tokenizer if mode == "exact" else None
-            runs.append(run(stack, mode, scenario, stack.log_dir, local, args.decision_log))
+        # sequential: one stack, the modes one after the other; paired: a stack per mode, all at once
+        stacks = [
+            closing.enter_context(Stack(log_dir=log_dir / name if args.paired else log_dir))
+            for name in (names if args.paired else names[:1])
+        ]
+        endpoints = []
+        for stack in stacks:
+            stack.start_redis()
+            endpoints.append(start_workers(stack, scenario, tokenizer))
+        if not args.paired:
+            for mode, name in zip(modes, names, strict=True):
+                print(f"{name} run ...", file=sys.stderr)
+                local = tokenizer if mode == "exact" else None
+                runs.append(run(stacks[0], mode, name, scenario, endpoints[0], local, args.decision_log))
+        else:
+            gateways = [
+                start_mode(stack, mode, name, scenario, ends, tokenizer, args.decision_log)
+                for stack, mode, name, ends in zip(stacks, modes, names, endpoints, strict=True)
+            ]
+            print(f"{' + '.join(names)} paired run ...", file=sys.stderr)
+            before = [counters(stack) for stack in stacks]
+            requests = demo_requests(scenario)
+            offset_s = args.offset_ms / 1000 if args.offset_ms is not None else 0.5 / scenario.rate_rps
+            started = time.perf_counter()
+            results = asyncio.run(run_paired(gateways, interleave(requests, len(stacks), offset_s)))
+            wall_s = time.perf_counter() - started
+            for stack, gateway, name, res, c0 in zip(stacks, gateways, names, results, before, strict=True):
+                runs.append(finish(stack, gateway, name, requests, res, wall_s, c0))
+            for name, res in zip(names[1:], results[1:], strict=True):
+                client[name] = client_paired(res, results[0])
+                client[f"{name} hits"] = client_paired(res, results[0], hits_only=True)
+            per_request = {
+                name: [
+                    {"ttft_ms": None if r.ttft_s is None else round(r.ttft_s * 1000, 3),
+                     "cached": r.cached_tokens, "prompt": r.prompt_tokens, "worker": r.worker}
+                    for r in res
+                ]
+                for name, res in zip(names, results, strict=True)
+            }  # fmt: skip
     working_set = scenario.working_set_tokens(count)
     estimate = sum(len(p) for p in scenario.system_prompts()) / CHARS_PER_TOKEN
     tokens, each = "toy BPE" if tokenizer else "fake tokenizer", working_set / scenario.tenants
@@ -246,8 +431,8 @@ def main(argv: list[str]) -> int:
         f"\n{scenario.tenants} tenants × {each:.0f}-token system prompts ({tokens}: "
         f"{scenario.chars_per_token:.2f} characters per token; approximate mode's estimate "
         f"{estimate / scenario.tenants:.0f}), {scenario.requests} requests at {scenario.rate_rps}/s, "
-        f"{WORKERS} workers; cache pressure {working_set / KV_TOKENS:.2f}× one worker, "
-        f"{working_set / (WORKERS * KV_TOKENS):.2f}× the cluster"
+        f"{WORKERS} workers{' per mode, the modes paired' if args.paired else ''}; cache pressure "
+        f"{working_set / KV_TOKENS:.2f}× one worker, {working_set / (WORKERS * KV_TOKENS):.2f}× the cluster"
     )
     print(
         f"{'mode':<12} {'TTFT p50':>10} {'TTFT p99':>10} {'hit rate':>9} {'req/s':>7} {'errors':>6}  gateway"
@@ -255,10 +440,31 @@ def main(argv: list[str]) -> int:
     for r, extra in runs:
         print(f"{r.policy:<12} {r.ttft_p50 * 1000:>8.1f}ms {r.ttft_p99 * 1000:>8.1f}ms {r.hit_rate:>9.1%} "
               f"{r.throughput_rps:>7.2f} {r.errors:>6}  {json.dumps(extra, sort_keys=True)}")  # fmt: skip
-    for mode in [m for m in args.order.split(",") if m != "approximate"] if args.decision_log else ():
-        paired = paired_ttft_delta(args.decision_log, mode)
+    base = names[0] if args.paired else "approximate"
+    logged: dict[str, tuple[float, int] | None] = {}
+    for name in [n for n in names if n != base] if args.decision_log else ():
+        logged[name] = paired = paired_ttft_delta(args.decision_log, name, base)
         if paired is not None:
-            print(f"paired TTFT delta {mode} − approximate: median {paired[0]:+.2f} ms, {paired[1]} requests")
+            print(f"paired TTFT delta {name} − {base}: median {paired[0]:+.2f} ms, {paired[1]} requests")
+    first = runs[0][0]
+    for (r, _), name in zip(runs[1:], names[1:], strict=True) if args.paired else ():
+        delta, hits = client.get(name), client.get(f"{name} hits")
+        print(
+            f"same window, {name} / {base}: TTFT p50 {r.ttft_p50 / first.ttft_p50:.3f}, p99 "
+            f"{r.ttft_p99 / first.ttft_p99:.3f}; client paired delta "
+            + (f"median {delta[0]:+.2f} ms, {delta[1]} requests" if delta else "none")
+            + (f" (a hit on both sides: {hits[0]:+.2f} ms, {hits[1]})" if hits else "")
+        )
+    if args.json:
+        out = {
+            "paired": args.paired,
+            "runs": [{**asdict(r), "extra": extra} for r, extra in runs],
+            "client_paired_delta_ms": {k: v[0] for k, v in client.items() if v},
+            "logged_paired_delta_ms": {k: v[0] for k, v in logged.items() if v},
+            "requests": per_request,  # --paired: each side's client results, in request order
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0 if all(r.errors == 0 for r, _ in runs) else 1
 
 
