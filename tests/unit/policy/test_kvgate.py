@@ -392,6 +392,19 @@ def test_a_young_prefix_is_not_hot_while_its_holder_still_serves_it_sooner_than_
     assert pick.worker == "b" and "replica" in pick.reason
 
 
+def _horizon_config(replica_gain: str) -> RoutingConfig:
+    """The young window (2 s) with `rate_young_bound = "horizon"`, every miss's prefill counted as work
+    others wait for, and a prefix hot at 0.3 req/s: the share horizon's tests."""
+    return dataclasses.replace(
+        CONFIG,
+        rate_young_window_s=2.0,
+        rate_young_bound="horizon",
+        rate_young_replica_gain=replica_gain,
+        ttft=dataclasses.replace(CONFIG.ttft, miss_weight=1.0),
+        replicas=ReplicaConfig(hot_rate_per_s=0.3),
+    )
+
+
 def test_a_replica_built_on_the_young_reading_is_shared_by_the_requests_it_has_shown_only() -> None:
     # `rate_young_bound = "horizon"` (docs/BENCHMARKS.md, the share horizon, session 10): mooncake_arxiv
     # 1.2/8's document had 4 requests in its first 2 s, and the young reading (1.5 req/s) priced a
@@ -399,14 +412,7 @@ def test_a_replica_built_on_the_young_reading_is_shared_by_the_requests_it_has_s
     # the first read 1 req/s; over the stickiness window that is 15 requests per replica (share 0.94,
     # the replica costs 2 s × 0.06 = 0.125 s), over the young window 1 (share 0.5, 1 s): the holder a
     # with 0.5 s queued keeps the request; with 1.5 s queued the replica on b still wins.
-    config = dataclasses.replace(
-        CONFIG,
-        rate_young_window_s=2.0,
-        rate_young_bound="horizon",
-        rate_young_replica_gain="any",
-        ttft=dataclasses.replace(CONFIG.ttft, miss_weight=1.0),
-        replicas=ReplicaConfig(hot_rate_per_s=0.3),
-    )
+    config = _horizon_config("any")
     policy = KvgatePolicy(config)
     light = [w("a", 500), w("b", 0)]
     view = _young_view(config, light, 4)
@@ -426,14 +432,7 @@ def test_a_replica_on_the_young_reading_must_serve_its_own_request_sooner_than_t
     # holder 0.104 s predicted, the copy 0.120 s), priced as shared by the young reading's requests.
     # With `rate_young_replica_gain = "sooner"` such a copy is a plain recompute: holder a with 1.5 s
     # queued (sooner than b's 2 s full prefill) keeps the request; with 2.5 s queued b's replica wins.
-    config = dataclasses.replace(
-        CONFIG,
-        rate_young_window_s=2.0,
-        rate_young_bound="horizon",
-        rate_young_replica_gain="sooner",
-        ttft=dataclasses.replace(CONFIG.ttft, miss_weight=1.0),
-        replicas=ReplicaConfig(hot_rate_per_s=0.3),
-    )
+    config = _horizon_config("sooner")
     policy = KvgatePolicy(config)
     sooner = [w("a", 1500), w("b", 0)]
     view = _young_view(config, sooner, 4)
@@ -452,14 +451,7 @@ def test_a_replica_on_the_young_reading_is_discounted_by_at_most_the_holders_lea
     # discount per request is capped by it. Holder a with 1.1 s queued: the copy on b (2 s prefill,
     # share 0.5) is discounted by 1.1 × 0.5, not 2 × 0.5, and costs 1.45 s: a keeps the request
     # (without the cap b costs 1.0 s and wins).
-    config = dataclasses.replace(
-        CONFIG,
-        rate_young_window_s=2.0,
-        rate_young_bound="horizon",
-        rate_young_replica_gain="wait",
-        ttft=dataclasses.replace(CONFIG.ttft, miss_weight=1.0),
-        replicas=ReplicaConfig(hot_rate_per_s=0.3),
-    )
+    config = _horizon_config("wait")
     policy = KvgatePolicy(config)
     workers = [w("a", 1100), w("b", 0)]
     view = _young_view(config, workers, 4)
