@@ -133,12 +133,13 @@ class KvgatePolicy:
                 # (when every worker is busy, that prefill is capacity lost to all: the share shrinks)
                 free_ttft = self.cost.parts(req, w, kept[w.id])[0]
                 invest = ttft_s - free_ttft
-                gain = self._young_gain(req, lead, ttft_s, free_ttft)
+                gain = None if lead is None else self._young_gain(lead, ttft_s, free_ttft)
                 if gain is not None and gain <= 0.0:  # nothing sooner than the holder: a plain recompute
                     ttft_s, miss_s, cost_s = self.cost.parts(req, w, hit, None, busy)
                 else:
                     share = 1.0 - 1.0 / (1.0 + self._replica_share(req, hits))
-                    cost_s -= min(invest, invest if gain is None else gain) * share / (1.0 + busy)
+                    discount = invest if gain is None else min(invest, gain)
+                    cost_s -= discount * share / (1.0 + busy)
             costs[w.id] = cost_s * (1.0 - cold[w.id])
             if w.id == req.sticky_worker:
                 costs[w.id] *= 1.0 - bonus
@@ -190,11 +191,9 @@ class KvgatePolicy:
         ttfts = [self.cost.parts(req, w, hits[w.id])[0] for w in candidates if hits[w.id] > 0]
         return min(ttfts) if ttfts else None
 
-    def _young_gain(
-        self, req: RequestView, lead: float | None, ttft_s: float, free_ttft: float
-    ) -> float | None:
+    def _young_gain(self, lead: float, ttft_s: float, free_ttft: float) -> float | None:
         """What a replica priced on the young reading (`rate_young_bound = "horizon"`) offers, in seconds,
-        or None when no bound applies (the plain EWMA, or `rate_young_replica_gain = "any"`).
+        against `lead`, the best holder's TTFT (`decide` computes it only when `_young_bounded`).
 
             sooner  the best holder's TTFT minus the replica's for this request (its full prefill
                     included): ≤ 0 when a holder still serves it sooner, and then the copy is a plain
@@ -207,8 +206,6 @@ class KvgatePolicy:
         serves them sooner is a lost hit for no later gain (docs/BENCHMARKS.md, the share horizon,
         session 10: 8 of rag 1.2/16's 9 lost hits were such copies)."""
         c = self.config
-        if lead is None or not self._young_bounded(req):
-            return None
         if c.rate_young_replica_gain == "sooner":
             return lead - ttft_s
         if c.rate_young_replica_gain == "wait":

@@ -94,13 +94,12 @@ class TtftModel:
         self, w: WorkerView, uncached_tokens: int, hit_tokens: int = 0, *, late: bool = False
     ) -> float:
         own = self.own_prefill_s(uncached_tokens, hit_tokens) * self.slowdown(w)
-        return self.wait_s(w, late=late) + own + self.batch_read_s(w)
+        read = self.batch_read_s(w) if self.batch_read else 0.0  # off by default: no call per prediction
+        return self.wait_s(w, late=late) + own + read
 
     def batch_read_s(self, w: WorkerView) -> float:
         """The KV read of the worker's running decodes in the steps up to a new request's first token
-        (`read` above; 0 unless `batch_read`)."""
-        if not self.batch_read:
-            return 0.0
+        (`read` above; counted only with `batch_read`)."""
         return 1.5 * self.decode_s_per_token_ctx * max(0, w.decoding_context_tokens)
 
     def slowdown(self, w: WorkerView) -> float:
