@@ -11,8 +11,10 @@ rejections into typed errors, as redis-py's lock.py does.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -120,7 +122,7 @@ class AdmissionScripts:
             except NoScriptError:
                 pass  # not loaded on this server (yet): redis-py loads it and retries
         argv = [str(now_ms or 0), self.channel, *(str(a) for a in args)]
-        return await self._scripts[name](self._redis, _model_keys(model, worker), argv)
+        return await _answered(self._scripts[name](self._redis, _model_keys(model, worker), argv))
 
     def _head(self, name: str, model: str, worker: str | None) -> Head:
         first = self._heads.get((name, model, worker))
@@ -220,3 +222,19 @@ class AdmissionScripts:
 def register_scripts(redis: aioredis.Redis, channel: str = GRANTED_CHANNEL) -> AdmissionScripts:
     """Register the admission scripts on `redis` (loaded lazily by the first EVALSHA)."""
     return AdmissionScripts(redis, channel)
+
+
+async def _answered(call: Coroutine[Any, Any, Any]) -> Any:
+    """Await a script call through redis-py; if the caller is cancelled, still wait for Redis's reply
+    before the cancellation goes on. redis-py drops a connection whose reply was not read, so the
+    caller's next command (a queued request leaving, `SlotPool._leave`) goes out on another connection
+    and can reach Redis before this one: a cluster then admitted a request after it had left, and the
+    seat stayed leased until expiry (tests/lua/test_slot_pool.py, a cancellation at every point). The
+    dedicated connection (store/resp.py) answers in order, so it needs none of this."""
+    task = asyncio.ensure_future(call)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.shield(task)  # a second cancellation stops the wait, not the call
+        raise

@@ -7,6 +7,7 @@ asserts on wall-clock speed; the wake-up latency test prints its p50/p99 for the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import statistics
 import time
@@ -203,6 +204,35 @@ async def test_a_grant_that_races_cancellation_is_released(
     assert snap["leases"] == 0 and snap["used"]["total"] == 0
     assert b.held() == 0
     await a.release(lease)  # already gone in Redis: harmless
+
+
+async def test_a_waiter_cancelled_at_any_point_of_its_acquire_leaves_no_lease(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    """The race above at every point of the acquire's round trip, one event-loop step apart: before
+    the script is sent, while its reply is outstanding, once queued; each time from a new gateway
+    (its own client), as a fresh connection is where it showed. On a cluster, a leave sent while the
+    acquire's reply was outstanding once overtook the acquire (on another connection), and the
+    acquire then leased the seat freed meanwhile to a request that had already gone."""
+    await set_quota(redis, M, Quota(total=1))
+    releaser = register_scripts(redis, channel="kvg:test:unheard")
+    for steps in range(0, 60, 2):
+        await redis.script_flush()
+        client = redis_from_url(redis_url)
+        try:
+            async with SlotPool(client, gateway_id="gw", lease_ms=5000, renew_every_ms=1000) as b:
+                await releaser.acquire(M, "run", Band.NORMAL, "t", 1, 5000, 0, "other-gw")
+                waiter = asyncio.ensure_future(b.acquire(ticket("raced")))
+                for _ in range(steps):
+                    await asyncio.sleep(0)
+                await releaser.release(M, "run")
+                waiter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiter
+                snap = await b.snapshot(M)
+                assert (snap["leases"], b.held()) == (0, 0), f"cancelled after {steps} steps"
+        finally:
+            await client.aclose()
 
 
 async def test_expired_lease_is_regranted_by_the_safety_recheck(
