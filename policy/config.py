@@ -16,6 +16,7 @@ POLICIES = ("kvgate", "article")
 MISS_LOAD_MODES = ("fixed", "queueing")  # scorers.ServeCost.displaced
 YOUNG_BOUNDS = ("gate", "horizon")  # how the young window's reading is bounded (policy/kvgate.py)
 YOUNG_REPLICA_GAINS = ("any", "sooner", "wait")  # what a replica priced on the young reading must offer
+PROACTIVE_WHEN = ("always", "holders_loaded")  # when a hot prefix may grow a proactive replica
 
 
 class ConfigError(ValueError):
@@ -137,10 +138,22 @@ class ReplicaConfig:
     proactive: bool = field(
         default=True, metadata={"help": "a hot prefix below the cap replicates onto the least-cost worker"}
     )
+    proactive_when: str = field(
+        default="always",
+        metadata={
+            "help": "with proactive on, when a hot prefix may grow a replica: 'always', or "
+            "'holders_loaded' (only while no holder serves the request with its hit sooner than its "
+            "full prefill on an idle worker, lateness included)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.cap, bool) or not isinstance(self.cap, int) or self.cap < 1:
             raise ConfigError("cap", self.cap, "must be an integer >= 1")
+        if self.proactive_when not in PROACTIVE_WHEN:
+            raise ConfigError(
+                "proactive_when", self.proactive_when, f"must be one of {', '.join(PROACTIVE_WHEN)}"
+            )
         _check_ranges(self)
 
 

@@ -115,7 +115,7 @@ class KvgatePolicy:
         cold = self._cold_start.score(req, candidates, now_s)
         prompt = max(req.prompt_tokens, 1)
         hits = {w.id: effective_hit_tokens(req, w.id, c.min_cache_gain) for w in candidates}
-        replicate = self._replicate_hot(req, hits)
+        replicate = self._replicate_hot(req, hits, candidates)
         # a hot prefix that may grow a replica: the replica's prefill is an investment, not miss work
         # (it still counts in this request's TTFT: that is where it lands), as far as idle capacity pays
         # for it: when every worker is busy, busy/(1+busy) of it is miss work (ServeCost.parts)
@@ -176,13 +176,21 @@ class KvgatePolicy:
         steady = req.prefix_rate_steady
         if steady is None or steady >= req.prefix_rate:
             return req
+        if self._a_holder_serves_sooner(req, workers):
+            return dataclasses.replace(req, prefix_rate=steady, prefix_rate_steady=None)
+        return req
+
+    def _a_holder_serves_sooner(self, req: RequestView, workers: Sequence[WorkerView]) -> bool:
+        """Some live holder of the prefix serves the request with its hit (the guards' prediction,
+        lateness included) sooner than the request's own full prefill on an idle worker: its hit still
+        buys time there, so not every holder is loaded (`hot_evidence`, `replicas.proactive_when`)."""
         model, min_gain = self.guard_ttft.model, self.config.min_cache_gain
         idle = model.overhead_s + model.own_prefill_s(req.prompt_tokens, 0)
         for w in workers:
             hit = effective_hit_tokens(req, w.id, min_gain) if w.healthy and not w.draining else 0
             if hit > 0 and model.ttft_s(w, req.prompt_tokens - hit, hit, late=True) < idle:
-                return dataclasses.replace(req, prefix_rate=steady, prefix_rate_steady=None)
-        return req
+                return True
+        return False
 
     def _holder_ttft(
         self, req: RequestView, candidates: Sequence[WorkerView], hits: dict[str, int]
@@ -247,12 +255,19 @@ class KvgatePolicy:
             return max(steady * horizon, young) / (holders + 1)
         return req.prefix_rate * horizon / (holders + 1)
 
-    def _replicate_hot(self, req: RequestView, hits: dict[str, int]) -> bool:
+    def _replicate_hot(
+        self, req: RequestView, hits: dict[str, int], candidates: Sequence[WorkerView]
+    ) -> bool:
         """Hot prefix with non-holders among the candidates: below the cap, or ReplicaCap found the
-        holders overloaded (otherwise it would have left only holders)."""
+        holders overloaded (otherwise it would have left only holders). `proactive_when =
+        "holders_loaded"`: only while no holder among the candidates serves the request sooner than its
+        full prefill on an idle worker; a copy made while a holder is still free costs hits for no
+        gain yet (docs/BENCHMARKS.md, tenants at 0.8, session 10)."""
         r = self.config.replicas
         holders = sum(1 for h in hits.values() if h > 0)
-        return r.proactive and req.prefix_rate >= r.hot_rate_per_s and 0 < holders < len(hits)
+        if not (r.proactive and req.prefix_rate >= r.hot_rate_per_s and 0 < holders < len(hits)):
+            return False
+        return r.proactive_when == "always" or not self._a_holder_serves_sooner(req, candidates)
 
 
 def _reason(req: RequestView, winner: str, parts: dict[str, float], narrowed: list[str]) -> str:

@@ -7,7 +7,14 @@ import random
 
 import pytest
 
-from policy.config import ColdStartConfig, ReplicaConfig, RoutingConfig, StickyConfig, TtftModelConfig
+from policy.config import (
+    ColdStartConfig,
+    ConfigError,
+    ReplicaConfig,
+    RoutingConfig,
+    StickyConfig,
+    TtftModelConfig,
+)
 from policy.index import PrefixIndex
 from policy.kvgate import KvgatePolicy, build_policy
 from policy.profile import Profile
@@ -234,6 +241,39 @@ def test_a_new_replica_pays_its_prefill_shared_by_the_requests_it_will_serve() -
     assert policy.decide(hot, [w("a", 100), w("b", 0)], random.Random(0), 0.0).worker == "a"  # 0.1 s wait
     d = policy.decide(hot, [w("a", 200), w("b", 0)], random.Random(0), 0.0)  # 0.2 s wait: replicate
     assert d.worker == "b" and d.scores["b"]["predicted-ttft"] == pytest.approx(2.0)
+
+
+def test_proactive_when_holders_loaded_copies_a_hot_prefix_only_once_no_holder_serves_it_sooner() -> None:
+    # hot at 1 req/s held whole on a; b idle. miss_weight 1: a plain recompute on b costs 2 + 2 = 4 s.
+    # A replica on b is priced 2 - 2 x 15/16 = 0.125 s, so "always" copies even while a serves the
+    # request in 0.2 s (tenants at 0.8, docs/BENCHMARKS.md session 10: such copies lost 2-4 hit points).
+    # "holders_loaded" copies only once no holder serves it sooner than its full 2 s prefill on an
+    # idle worker (the test hot_evidence applies to the young reading).
+    ttft = dataclasses.replace(CONFIG.ttft, miss_weight=1.0)
+    hot = req({"a": 4}, prefix_rate=1.0)
+
+    def policy(when: str) -> KvgatePolicy:
+        replicas = ReplicaConfig(hot_rate_per_s=1.0, proactive_when=when)
+        return KvgatePolicy(dataclasses.replace(CONFIG, ttft=ttft, replicas=replicas))
+
+    free = [w("a", 200), w("b", 0)]
+    d = policy("always").decide(hot, free, random.Random(0), 0.0)
+    assert d.worker == "b" and "replica" in d.reason
+    d = policy("holders_loaded").decide(hot, free, random.Random(0), 0.0)
+    assert d.worker == "a" and "replica" not in d.reason
+    assert d.scores["b"]["cost"] == pytest.approx(4.0)  # b is priced as a plain recompute
+    # a's queue runs 2.5 s late although only 0.2 s of prefill is queued: loaded, b takes the copy
+    late = [w("a", 200, overdue_s=2.5), w("b", 0)]
+    d = policy("holders_loaded").decide(hot, late, random.Random(0), 0.0)
+    assert d.worker == "b" and "replica" in d.reason
+    for loaded in ([w("a", 2000), w("b", 0)], [w("a", 3000), w("b", 0)]):  # a's hit buys nothing
+        d = policy("holders_loaded").decide(hot, loaded, random.Random(0), 0.0)
+        assert d.worker == "b" and "replica" in d.reason
+
+
+def test_proactive_when_is_validated() -> None:
+    with pytest.raises(ConfigError, match="proactive_when"):
+        ReplicaConfig(proactive_when="sometimes")
 
 
 def test_a_hit_is_capacity_when_every_worker_is_busy() -> None:
