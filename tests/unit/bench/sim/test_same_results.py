@@ -18,3 +18,16 @@ def test_only_wall_time_may_differ(tmp_path: Path) -> None:
         paths[-1].write_text(json.dumps(data))
     assert same_results.main([str(paths[0]), str(paths[1])]) == 0
     assert same_results.main([str(paths[0]), str(paths[2])]) == 1
+
+
+def test_a_grid_is_compared_without_how_it_was_run(tmp_path: Path) -> None:
+    cells = [{"workload": "rag", "runs": [{"policy": "kvgate", "wall_s": 1.0, "metrics": {"ttft_p99": 0.5}}]}]
+    a = {"cells": cells, "summary": {}, "meta": {"grid": "/a/grid.toml", "computed_runs": 1}}
+    b = {"cells": cells, "summary": {}, "meta": {"grid": "/b/grid.toml", "computed_runs": 0}}
+    changed = {"cells": [{**cells[0], "load": 1.0}], "summary": {}, "meta": a["meta"]}
+    paths = []
+    for name, data in (("a", a), ("b", b), ("c", changed)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(data))
+    assert same_results.main([str(paths[0]), str(paths[1])]) == 0
+    assert same_results.main([str(paths[0]), str(paths[2])]) == 1
