@@ -69,12 +69,12 @@ class Engine(DecodeSpans):
         """The request arrives in the waiting queue at `now_s` (>= the last `advance` time)."""
         if req.id in self._live:
             raise ValueError(f"request {req.id!r} is already in the engine")
-        if not req.blocks or req.output_tokens < 1 or any(t < 1 for _, t in req.blocks):
+        r = ReqState(req, self._bs) if req.blocks else None
+        if r is None or req.output_tokens < 1 or min(r.sizes) < 1:  # a block of < 1 token: < 1 engine block
             raise ValueError(
                 f"request {req.id!r} needs >= 1 prompt block of >= 1 token and output_tokens >= 1"
             )
         self._catch_up(now_s)
-        r = ReqState(req, self._bs)
         self._live[r.id] = r
         self._waiting.append(r)
         if self._pending is None and len(self._waiting) == 1 and not self._running:
@@ -109,6 +109,8 @@ class Engine(DecodeSpans):
     def advance(self, until_s: float) -> list[EngineEvent]:
         """Run the engine up to `until_s`; returns the events that happened by then, in time order."""
         self._catch_up(until_s)
+        if not self._buffer:
+            return []
         ready = [ev for ev in self._buffer if ev.at_s <= until_s]
         self._buffer = self._buffer[len(ready) :]
         return ready
@@ -170,15 +172,20 @@ class Engine(DecodeSpans):
         prefilling: list[ReqState] = []
         decode_ctx = 0
         preemptions = self.num_preemptions
-        i = 0
-        while i < len(running):  # _grow preempts from the end, never a request already looked at
+        i, n = 0, len(running)
+        while i < n:  # _grow preempts from the end, never a request already looked at
             r = running[i]
             i += 1
             if r.computed < r.target:
                 prefilling.append(r)
-            elif r.generated % bs or self._grow(r):
-                decodes.append(r)
-                decode_ctx += r.prompt + r.generated
+                continue
+            if r.generated % bs == 0:  # a new engine block for its next token
+                grown = self._grow(r)
+                n = len(running)
+                if not grown:
+                    continue
+            decodes.append(r)
+            decode_ctx += r.prompt + r.generated
         budget = p.max_num_batched_tokens - len(decodes)
         prefills: list[tuple[ReqState, int]] = []
         new_tokens = 0

@@ -69,17 +69,18 @@ class DecodeSpans(EngineState):
             batch = len(running)
             if batch == 0:
                 return 0
-            steps = math.inf
+            k = running[0].output  # > the steps any request has left
             ctx = 0
             for r in running:
                 if r.computed < r.target:
                     return 0
-                steps = min(steps, r.output - r.generated - 1)  # the finishing step is taken singly
+                left = r.output - r.generated - 1  # the finishing step is taken singly
+                if left < k:
+                    k = left
                 ctx += r.prompt + r.generated
             head = self._waiting[0] if self._waiting else None
             if head is not None and self._admission_hit(head, budget_used=batch) is not None:
                 return 0
-            k = int(steps)
             if k > 0:
                 k = self._steps_without_shortage(k)
             if k <= 0:
@@ -108,12 +109,17 @@ class DecodeSpans(EngineState):
         k = 1 if straddles else min(k, within)
         bs = self._bs
         grown = 0
-        for r in running:
-            g = r.generated
-            need = -(-(g + k) // bs) + (g // -bs)  # ceil((g+k)/bs) - ceil(g/bs) new decode blocks
-            r.private += need
-            grown += need
-            if not straddles:
+        if straddles:  # one step, committed: a new decode block for each request at a block boundary
+            for r in running:
+                if r.generated % bs == 0:
+                    r.private += 1
+                    grown += 1
+        else:
+            for r in running:
+                g = r.generated
+                need = -(-(g + k) // bs) + (g // -bs)  # ceil((g+k)/bs) - ceil(g/bs) new decode blocks
+                r.private += need
+                grown += need
                 r.generated = g + k
         self._private_total += grown
         self._cache.take(grown)

@@ -167,8 +167,7 @@ class EngineState:
 
     def _admit(self, r: ReqState, hit: int) -> None:
         cache = self._cache
-        for i in range(hit):
-            cache.pin(r.keys[i])
+        cache.pin_all(r.keys[:hit])
         r.held = hit
         r.computed = r.cum[hit - 1] if hit else 0
         r.target = r.prompt + r.generated
@@ -185,7 +184,8 @@ class EngineState:
     def _cache_computed_blocks(self, r: ReqState) -> None:
         cache, cum, computed = self._cache, r.cum, r.computed
         held = start = r.held
-        while held < len(cum) and cum[held] <= computed:
+        blocks = len(cum)
+        while held < blocks and cum[held] <= computed:
             key, size = r.keys[held], r.sizes[held]
             if key in cache.size:
                 cache.pin(key)  # computed twice concurrently: share the cached copy, free ours
@@ -201,9 +201,8 @@ class EngineState:
 
     def _release(self, r: ReqState) -> None:
         cache = self._cache
-        unpin = cache.unpin
-        for key in r.keys[r.held - 1 :: -1] if r.held else ():  # tail first: deeper blocks go first on ties
-            unpin(key)
+        if r.held:
+            cache.unpin_all(r.keys[r.held - 1 :: -1])  # tail first: deeper blocks go first on ties
         cache.free += r.private
         self._private_total -= r.private
         r.private = r.held = 0

@@ -52,7 +52,15 @@ GRID_FORMAT = 1  # bump when the cached run objects change shape
 REPO = Path(__file__).resolve().parents[2]
 SIM_DIR = Path(__file__).resolve().parent
 # presentation only: editing these never changes a run's result
-_NOT_RESULT_CODE = {"cli.py", "report.py", "grid_report.py", "engine_microbench.py", "goals.py"}
+_NOT_RESULT_CODE = {
+    "cli.py",
+    "report.py",
+    "grid_report.py",
+    "engine_microbench.py",
+    "goals.py",
+    "cell_cpu.py",
+    "same_results.py",
+}
 
 
 class GridError(ValueError):
@@ -382,13 +390,36 @@ class CellTask:
     scrape_period_s: float
 
 
+# Policies that route exactly as another one on requests without a session id: kvgate_session is
+# kvgate with clients that send their session ids (bench/sim/policy_router.py reads a session only
+# when a request carries one), so on a workload without sessions its run is kvgate's, bit for bit.
+SESSION_TWINS = {"kvgate_session": "kvgate"}
+
+
+def _same_run_as(policy: str, requests: Sequence[SimRequest]) -> str:
+    """The policy whose run `policy`'s run equals on `requests` (itself unless a session twin applies)."""
+    base, index = split_index(policy)
+    twin = SESSION_TWINS.get(base)
+    if twin is None or any(r.session is not None for r in requests):
+        return policy
+    return twin if index is None else f"{twin}@{index}"
+
+
 def _run_cell(task: CellTask) -> tuple[int, list[dict[str, object]]]:
-    runs = [
-        run_object(
+    """The cell's runs, in task order; a session twin's run is computed once and filed under both names
+    (its `wall_s` is 0: nothing ran for it)."""
+    computed: dict[str, dict[str, object]] = {}
+    runs = []
+    for p in task.policies:
+        same = _same_run_as(p, task.requests)
+        if same in computed:
+            runs.append(computed[same] | {"policy": split_index(p)[0], "wall_s": 0.0})
+            continue
+        run = run_object(
             safe_run(p, task.requests, task.profile, task.workers, task.seed, task.scrape_period_s, None)
         )
-        for p in task.policies
-    ]
+        computed[same] = run
+        runs.append(run)
     return task.index, runs
 
 

@@ -9,7 +9,7 @@ engine's look-ahead, so a look-ahead costs what it touches rather than the cache
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import cast
 
 
@@ -57,6 +57,32 @@ class PrefixCache:
             self.lru[key] = None
             self.evictable += self.size[key]
             self.pinned -= self.size[key]
+
+    def pin_all(self, keys: Iterable[Hashable]) -> None:
+        """`pin` each key in turn (one call per request: a long prompt pins hundreds of blocks)."""
+        ref, lru, size = self.ref, self.lru, self.size
+        moved = 0
+        for key in keys:
+            count = ref[key]
+            if count == 0:
+                del lru[key]
+                moved += size[key]
+            ref[key] = count + 1
+        self.evictable -= moved
+        self.pinned += moved
+
+    def unpin_all(self, keys: Iterable[Hashable]) -> None:
+        """`unpin` each key in turn, in the given order (the LRU queue's order on release)."""
+        ref, lru, size = self.ref, self.lru, self.size
+        moved = 0
+        for key in keys:
+            count = ref[key] - 1
+            ref[key] = count
+            if count == 0:
+                lru[key] = None
+                moved += size[key]
+        self.evictable += moved
+        self.pinned -= moved
 
     def insert_pinned(self, key: Hashable, size: int) -> None:
         """Turn `size` engine blocks a request already holds into the cached block `key`, pinned once."""

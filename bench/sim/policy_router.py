@@ -40,6 +40,7 @@ from policy.ledger import InflightLedger
 from policy.profile import RoutingPolicy
 from policy.session import SessionTable, outcome, with_session
 from policy.state import RoutingState
+from policy.types import WorkerView
 
 _DEFAULT_INDEX_BLOCKS = 1 << 20  # until the first request tells the block size
 _EVENT_INDEX_BLOCKS = 1 << 30  # exact / oracle: the events evict, not a capacity LRU
@@ -110,18 +111,35 @@ class PolicyRouter:
             held = self._held.get(w, set())
             index.remove(w, [k for k in keys if k not in held])
 
+    def _views(self, cluster: ClusterView, now_s: float) -> list[WorkerView]:
+        """Each worker as the gateway's views() builds it (plugin/routing.py), in one construction: the
+        engine's scraped M signals, this router's R signals (its ledger), first-seen time as join time."""
+        ledger, joined = self.ledger, self.state.joined
+        views = []
+        for w in cluster.worker_ids:
+            scraped = cluster.scraped(w)
+            views.append(
+                WorkerView(
+                    id=w,
+                    inflight=ledger.inflight(w),
+                    running=scraped.running,
+                    waiting=scraped.waiting,
+                    kv_usage=scraped.kv_usage,
+                    pending_prefill_tokens=ledger.pending_prefill_tokens(w),
+                    overdue_s=ledger.overdue_s(w, now_s),
+                    decoding_context_tokens=ledger.decoding_context_tokens(w),
+                    capacity_tokens=cluster.capacity_tokens(w),
+                    max_concurrency=cluster.max_concurrency(w),
+                    joined_s=joined.setdefault(w, now_s),
+                )
+            )
+        return views
+
     def route(self, req: SimRequest, cluster: ClusterView, now_s: float) -> str:
         self._size_index(req, cluster)
         if self.wants_kv_events:
             self._follow_events(cluster, now_s)
-        joined = self.state.joined
-        views = self.ledger.annotate(
-            [
-                v if v.joined_s > 0 else dataclasses.replace(v, joined_s=joined.setdefault(v.id, now_s))
-                for v in cluster.worker_views(now_s)
-            ],
-            now_s,
-        )
+        views = self._views(cluster, now_s)
         view = self.state.prepare(
             request_id=str(req.id),
             prefix_hashes=req.block_ids,

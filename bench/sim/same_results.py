@@ -1,6 +1,8 @@
-"""Whether two `kvgate bench sim` results.json files hold the same routing results (wall times aside).
+"""Whether two `kvgate bench sim` results.json (or two grid.json) files hold the same routing results
+(wall times aside; a grid's `meta`, how it was run: file path, cached runs, jobs, is not compared).
 
     python -m bench.sim.same_results BEFORE/results.json AFTER/results.json
+    python -m bench.sim.same_results BEFORE/grid.json AFTER/grid.json
 
 Prints `identical` (exit 0) or the first differing fields (exit 1). Used to check that a refactor
 leaves the simulator's decisions bit-identical.
@@ -37,10 +39,18 @@ def differences(a: Any, b: Any, path: str = "") -> list[str]:
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
+def results_of(document: Any) -> Any:
+    """The document without timing, and a grid's without its `meta`."""
+    if isinstance(document, dict) and "cells" in document:
+        document = {k: v for k, v in document.items() if k != "meta"}
+    return without_timing(document)
+
+
 def main(argv: list[str] | None = None) -> int:
     before, after = (json.loads(Path(p).read_text()) for p in (argv or sys.argv[1:])[:2])
-    found = differences(without_timing(before), without_timing(after))
-    print("identical" if not found else "\n".join(found[:20]))
+    found = differences(results_of(before), results_of(after))
+    runs = sum(len(c.get("runs", [])) for c in before.get("cells", [])) if isinstance(before, dict) else 0
+    print(("identical" + (f" ({runs} runs)" if runs else "")) if not found else "\n".join(found[:20]))
     return 1 if found else 0
 
 

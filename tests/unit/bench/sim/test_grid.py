@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,31 @@ def test_a_policy_with_an_index_model_keeps_its_own_run_and_summary(tmp_path: Pa
     assert (again.computed_runs, again.cached_runs) == (0, 3) and again.cells == first.cells
     assert cell_ratios(first.cells[0], "kvgate@oracle")["p99"] is not None
     assert set(summarise(first.cells, spec.policies)) == set(spec.policies)
+
+
+def test_kvgate_session_without_session_ids_is_kvgates_run_computed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No request sends a session id: kvgate_session routes as kvgate, so one simulation serves both
+    names (and a cached re-run gives the same runs); with session ids each policy runs on its own."""
+    simulated: list[str] = []
+    real_run = grid_module.safe_run
+
+    def counted(policy: str, *args: Any) -> Any:
+        simulated.append(policy)
+        return real_run(policy, *args)
+
+    monkeypatch.setattr(grid_module, "safe_run", counted)
+    spec = small_spec(loads=(1.0,), policies=("kvgate", "kvgate_session", "kvgate@oracle"))
+    first = run_grid(spec, tmp_path, jobs=1, log=lambda _: None)
+    assert simulated == ["kvgate", "kvgate@oracle"]
+    kvgate, session, _ = first.cells[0]["runs"]
+    assert session["policy"] == "kvgate_session" and session["metrics"] == kvgate["metrics"]
+    assert run_grid(spec, tmp_path, jobs=1, log=lambda _: None).cells == first.cells
+    requests = materialise(spec.workloads[0], 1, spec.profile)
+    assert grid_module._same_run_as("kvgate_session@exact", requests) == "kvgate@exact"
+    with_sessions = [replace(requests[0], session="s1"), *requests[1:]]
+    assert grid_module._same_run_as("kvgate_session", with_sessions) == "kvgate_session"
 
 
 def test_the_cache_key_covers_code_workload_and_cell(monkeypatch: pytest.MonkeyPatch) -> None:
