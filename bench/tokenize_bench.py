@@ -5,14 +5,15 @@
 Warm: a chat of `--prefix-tokens` (30k) tokens has been seen; each round sends it again with a new
 user message, about `--prompt-tokens` (32k) in all, and times `LocalTokenizer.blocks_async` (render the
 template, find the seen prefix, encode and hash the rest): p50 / p99 in seconds; `p50_new_text_encode`
-is the tokenizer's own share, the new message's text alone encoded as the warm path encodes it, and
-`p50_loop_cpu` the CPU time of the loop's thread per round (its Python; the encode's threads are not
-counted, machine load matters less). Cold: a fresh
-tokenizer (empty caches) gets a whole new 32k-token chat while a ticker on the same event loop wakes
-every millisecond; `loop_stall_p99` (and `_max`) is how late the ticker woke, i.e. how long another
-flow on the loop would have waited. The model directory is bench/toy_model.py's (made on the spot)
-unless `--tokenizer` names one. Writes {"prompt_tokens", "cached_prefix_tokens", "p50", "p99",
-"loop_stall_p99", ...} to --json.
+is the tokenizer's own share, the new message's text alone encoded as the warm path encodes it
+(`p50_new_text_library_encode`: by the `tokenizers` library alone), `p50_unseen_words` the warm p50
+with the pre-token cache emptied before each round (plugin/word_encoder.py), and `p50_loop_cpu` the CPU
+time of the loop's thread per round (its Python; the encode's threads are not counted, machine load
+matters less). Cold: a fresh tokenizer (empty caches) gets a whole new 32k-token chat while a ticker on
+the same event loop wakes every millisecond; `loop_stall_p99` (and `_max`) is how late the ticker woke,
+i.e. how long another flow on the loop would have waited. The model directory is bench/toy_model.py's
+(made on the spot) unless `--tokenizer` names one. Writes {"prompt_tokens", "cached_prefix_tokens",
+"p50", "p99", "loop_stall_p99", ...} to --json.
 """
 
 from __future__ import annotations
@@ -54,26 +55,41 @@ def quantile(values: list[float], q: float) -> float:
 
 
 async def warm_rounds(
-    tok: LocalTokenizer, prefix: list[dict[str, Any]], extra_words: int, rounds: int
+    tok: LocalTokenizer,
+    prefix: list[dict[str, Any]],
+    extra_words: int,
+    rounds: int,
+    empty_words: bool = False,
 ) -> Any:
+    """Per round the seen prefix and a new user message. The pre-token cache (plugin/word_encoder.py)
+    starts empty after the prefix, so the rounds fill it as a gateway's requests do (the first rounds miss);
+    with `empty_words` it is emptied before every round (a new message of words never seen)."""
     rng, vocab = random.Random(11), toy_model.words(7)
     tok.blocks({"messages": prefix}, MODEL, BLOCK)  # the 30k tokens are seen
-    times, cpu, loop_cpu, encode, last = [], [], [], [], None
+    words = tok.words
+    times: list[float] = []
+    cpu, loop_cpu, encode, library, last = [], [], [], [], None
     for _ in range(rounds):
         content = toy_model.sentence(rng, vocab, extra_words)
         body = {"messages": [*prefix, {"role": "user", "content": content}]}
+        if words is not None and (empty_words or not times):
+            words.clear()
         started, started_cpu, started_loop = time.perf_counter(), time.process_time(), time.thread_time()
         last = await tok.blocks_async(body, MODEL, BLOCK)
         times.append(time.perf_counter() - started)
         cpu.append(time.process_time() - started_cpu)
         loop_cpu.append(time.thread_time() - started_loop)
-        # the new message's text alone, encoded as the warm path encodes it (its chunks in one call)
+        # the new message's text alone, encoded as the warm path encodes it, then by the library alone
+        # (its chunks in one call), which the warm path used before the pre-token cache
+        started = time.perf_counter()
+        tok._encode([content], False)
+        encode.append(time.perf_counter() - started)
         chunks = tok.chunks(content)
         batch = tok.tokenizer.encode_batch if len(chunks) >= PARALLEL_MIN_CHUNKS else tok._fast
         started = time.perf_counter()
         batch(chunks, add_special_tokens=False)
-        encode.append(time.perf_counter() - started)
-    return times, cpu, loop_cpu, encode, last
+        library.append(time.perf_counter() - started)
+    return times, cpu, loop_cpu, encode, library, last
 
 
 class Stepped:
@@ -158,7 +174,9 @@ async def run(
     )
     tok = LocalTokenizer.load(directory)  # measured from a clean cache holding only the prefix
     extra_words = max(1, int((prompt_tokens - prefix_tokens) / per_word))
-    times, cpu, loop_cpu, encode, last = await warm_rounds(tok, prefix, extra_words, rounds)
+    times, cpu, loop_cpu, encode, library, last = await warm_rounds(tok, prefix, extra_words, rounds)
+    tok = LocalTokenizer.load(directory)
+    unseen_words = (await warm_rounds(tok, prefix, extra_words, max(1, rounds // 5), empty_words=True))[0]
     cold_times, lateness, steps, walls, idle, cold_tokens = await cold_rounds(directory, prompt_tokens, cold)
     whole = LocalTokenizer.load(directory)
     text, special = whole.prompt_text({"messages": prefix})
@@ -172,6 +190,8 @@ async def run(
         "p50_cpu": statistics.median(cpu),  # CPU of all threads (the loop's and the encoder's) per round
         "p50_loop_cpu": statistics.median(loop_cpu),  # CPU of the loop's thread per round (not the encoder's)
         "p50_new_text_encode": statistics.median(encode),  # the tokenizer's part of a warm round
+        "p50_new_text_library_encode": statistics.median(library),  # the same text by `tokenizers` alone
+        "p50_unseen_words": statistics.median(unseen_words),  # warm, with the pre-token cache emptied
         "loop_stall_p99": quantile(lateness, 0.99) if lateness else 0.0,
         "loop_stall_max": max(lateness, default=0.0),
         "loop_stall_idle_p99": quantile(idle, 0.99) if idle else 0.0,  # the ticker with nothing to wait for

@@ -38,7 +38,9 @@ Event loop: `blocks_async` runs on the loop and yields to it every ~0.25 ms of i
 (`LOOP_SLICE_S`), the first time after ~1 ms (`FIRST_SLICE_S`: a warm prompt does not yield): the chat
 template renders there (jinja2 generates it a message at a time), then the cut and the cache lookup,
 then the hashing, 32 blocks between two looks at the clock. New text under 16k
-characters in all (a warm prompt's tail) is encoded on the loop in one call (the loop waits ~1-2 ms).
+characters in all (a warm prompt's tail) is encoded on the loop: its plain ASCII through the pre-token
+cache (plugin/word_encoder.py, ~0.7-1.2 ms for 2k tokens, the library took ~3-6 ms), the rest in one
+tokenizer call.
 More than that (a cold prompt) goes to the one encoder thread, where cold prompts take turns; it encodes
 one chunk per `encode_batch_fast` call, and a batch of one runs on the calling thread with the GIL
 released. So the encoder keeps at most one core busy and leaves the other to the loop, and holds the GIL
@@ -56,6 +58,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from hashlib import blake2b
+from itertools import chain
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -63,6 +66,7 @@ import jinja2
 from cachetools import LRUCache
 from tokenizers import Tokenizer as HfTokenizer
 
+from plugin import word_encoder
 from plugin.chat_template import (
     FROM_VAR,
     Rendering,
@@ -89,14 +93,7 @@ _ENCODER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgate-encoder"
 # a boundary of the pre-tokenizers below whatever surrounds it: " " + letter, after a printable character
 _SAFE_CUT = re.compile(r"(?<=[!-~]) (?=[A-Za-z])")
 # Split patterns (tokenizer.json) for which _SAFE_CUT is a boundary: Llama 3 / cl100k, Qwen 2
-_CHUNKABLE_SPLITS = frozenset(
-    {
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-        r"|\s*[\r\n]+|\s+(?!\S)|\s+",
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-        r"|\s*[\r\n]+|\s+(?!\S)|\s+",
-    }
-)
+_CHUNKABLE_SPLITS = frozenset(word_encoder.SPLITS)
 
 
 _T = TypeVar("_T")
@@ -228,6 +225,9 @@ class LocalTokenizer:
         spec = json.loads(tokenizer.to_str())
         self.incremental = bool(added) and _incremental_ok(spec)
         self.chunk_chars = chunk_chars if self.incremental and _chunkable(spec) else 0
+        # a warm prompt's new ASCII text is split in Python and its pre-tokens' ids come from a cache
+        # (plugin/word_encoder.py): the tokenizer's regex pass was most of a warm round
+        self.words = word_encoder.WordEncoder.for_tokenizer(tokenizer, spec) if self.chunk_chars else None
         self.thread_min_chars = thread_min_chars
         _ENCODER.submit(int)  # starts the encoder thread now, not on the first cold request
         # the same ids without offsets, ~25 % less CPU but on one thread (tokenizers >= 0.21, measured
@@ -404,23 +404,27 @@ class LocalTokenizer:
         return out
 
     def _encode(self, pieces: Sequence[str], special: bool) -> list[tuple[int, ...]]:
-        """The ids of each piece: one call for all their chunks; encode_batch from PARALLEL_MIN_CHUNKS on
-        (it spreads them over the tokenizer's threads), else encode_batch_fast (one thread, less CPU).
-        Both release the GIL, plain encode does not."""
-        chunked = [self.chunks(p, special) for p in pieces]
-        flat = [c for chunks in chunked for c in chunks]
-        batch = self.tokenizer.encode_batch if len(flat) >= PARALLEL_MIN_CHUNKS else self._fast
-        encoded = iter(batch(flat, add_special_tokens=special))
-        out = []
-        for chunks in chunked:
-            if len(chunks) == 1:
-                out.append(tuple(next(encoded).ids))
-            else:
-                ids: list[int] = []
-                for _ in chunks:
-                    ids += next(encoded).ids
-                out.append(tuple(ids))
-        return out
+        """The ids of each piece, on the calling thread. Plain ASCII text (a piece, else a chunk of it)
+        goes through the pre-token cache (`words`); the other chunks go to one tokenizer call:
+        encode_batch from PARALLEL_MIN_CHUNKS on (it spreads them over the tokenizer's threads), else
+        encode_batch_fast (one thread, less CPU). Both release the GIL, plain encode does not."""
+        words = None if special else self.words
+        whole = [words.ids(p) for p in pieces] if words is not None else [None] * len(pieces)
+        chunked = [self.chunks(p, special) for p, ids in zip(pieces, whole, strict=True) if ids is None]
+        known: dict[str, tuple[int, ...]] = {}
+        if words is not None:
+            for chunk in chain.from_iterable(chunked):
+                ids = words.ids(chunk)
+                if ids is not None:
+                    known[chunk] = ids
+        rest = [c for c in dict.fromkeys(chain.from_iterable(chunked)) if c not in known]
+        if rest:
+            batch = self.tokenizer.encode_batch if len(rest) >= PARALLEL_MIN_CHUNKS else self._fast
+            known.update(
+                zip(rest, (tuple(e.ids) for e in batch(rest, add_special_tokens=special)), strict=True)
+            )
+        joined = (tuple(chain.from_iterable(map(known.__getitem__, chunks))) for chunks in chunked)
+        return [ids if ids is not None else next(joined) for ids in whole]
 
     def _encode_serial(self, pieces: Sequence[str], special: bool) -> list[tuple[int, ...]]:
         """`_encode` one chunk per call (for a worker thread): a batch of one is encoded on the calling

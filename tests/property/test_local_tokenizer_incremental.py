@@ -147,6 +147,39 @@ def test_chunked_encode_gives_the_ids_of_a_whole_encode(
         assert "".join(tok.chunks(p)) == p
 
 
+ASCII = "".join(map(chr, range(128)))
+# the same kinds of neighbours in plain ASCII (the pre-token cache's alphabet), with every ASCII character
+ASCII_ATOMS = st.one_of(
+    st.sampled_from(VOCAB),
+    st.sampled_from(VOCAB).map(" ".__add__),
+    st.sampled_from(VOCAB).map(str.upper),
+    st.sampled_from([" ", "  ", "   ", "\n", "\n\n", " \n", "\t", "\t\t", "\r\n", "\r", "1", "2024",
+                     "31415926", "'s", "'S", "'T", "'re", "'LL", "'d", ",", ".", "!?", "--",
+                     "(", ")", '"', "$"]),
+    st.text(alphabet=ASCII, max_size=3),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(["gpt2-regex/llama3-template", "llama3-split", "qwen2-split"]),
+       text=st.lists(ASCII_ATOMS, max_size=80).map("".join),
+       max_words=st.sampled_from([1, 4, 1 << 17]))  # fmt: skip
+def test_the_pre_token_cache_gives_the_ids_of_a_whole_encode(
+    tokenizers: dict[str, LocalTokenizer], name: str, text: str, max_words: int
+) -> None:
+    """WordEncoder (Python's re split, cached pre-tokens) against the tokenizer's own encode; None for a
+    text with a character outside its alphabet (the control characters but tab, newline, return)."""
+    words = tokenizers[name].words
+    assert words is not None
+    words.max_words = max_words  # a small cache starts again while a text is encoded
+    ids = words.ids(text)
+    if any((c < " " and c not in "\t\n\r") or c == "\x7f" for c in text):
+        assert ids is None
+    else:
+        assert ids == tuple(tokenizers[name].encode(text, False))
+        assert words.ids(text) == ids  # the cached pre-tokens again
+
+
 @settings(max_examples=120, deadline=None)
 @given(name=st.sampled_from(["gpt2-regex/llama3-template", "gpt2-regex/qwen25-template", "llama3-split",
                              "qwen2-split"]),
