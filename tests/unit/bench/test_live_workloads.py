@@ -5,16 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench import live_workloads
 from bench.emulator.tokenizer import tokenize
-from bench.live_workloads import (
-    BlockText,
-    at_load,
-    build,
-    cap_output,
-    live_requests,
-    offered_rps,
-    write_mooncake_jsonl,
-)
+from bench.live_workloads import BlockText, at_load, build, cap_output, live_requests, write_mooncake_jsonl
 from bench.sim.load import offered_load
 from bench.sim.profiles import load_profile
 from bench.sim.traces import load_trace
@@ -59,6 +52,6 @@ def test_offered_rate_is_requests_over_the_arrival_span_and_doubles_with_the_loa
     reqs = cap_output(build("tenants", seed=1, n=300), 256)
     at_1, at_2 = at_load(reqs, profile, 4, 1.0), at_load(reqs, profile, 4, 2.0)
     span = at_2[-1].arrival_s - at_2[0].arrival_s
-    assert offered_rps(at_2) == 300 / span
-    assert abs(offered_rps(at_2) / offered_rps(at_1) - 2.0) < 1e-9
-    assert offered_rps(at_2[:1]) == 0.0
+    assert live_workloads.offered_rps(at_2) == 300 / span
+    assert abs(live_workloads.offered_rps(at_2) / live_workloads.offered_rps(at_1) - 2.0) < 1e-9
+    assert live_workloads.offered_rps(at_2[:1]) == 0.0
