@@ -37,7 +37,15 @@ from pathlib import Path
 from bench.burst import run_split
 from bench.live_aiperf import run_aiperf
 from bench.live_routers import LABELS, PEERS_DIR, ROUTERS, Fleet, PeerUnavailable, peer_venv, starter
-from bench.live_workloads import WORKLOADS, at_load, build, cap_output, live_requests, write_mooncake_jsonl
+from bench.live_workloads import (
+    WORKLOADS,
+    at_load,
+    build,
+    cap_output,
+    live_requests,
+    offered_rps,
+    write_mooncake_jsonl,
+)
 from bench.loadgen import LiveResult, percentile
 from bench.sim.profiles import EngineProfile, ProfileError, load_profile, scaled
 from bench.stack import Stack, StackError
@@ -64,6 +72,7 @@ class LiveRun:
     worker_share: list[float]
     requests: int
     ttft_samples: list[float]
+    offered_rps: float = 0.0  # requests ÷ arrival span: the ceiling of goodput and throughput at this load
 
     def document(self) -> dict[str, object]:
         """The run as issue 11's interface spells it (plus `requests`)."""
@@ -114,6 +123,7 @@ def wait_idle(urls: Sequence[str], timeout_s: float = 60.0) -> None:
 def summarize(
     router: str, workload: str, load: float, pass_: int, results: Sequence[LiveResult], wall_s: float,
     before: Sequence[WorkerCounters], after: Sequence[WorkerCounters], time_scale: float, slo_s: float,
+    offered: float = 0.0,
 ) -> LiveRun:  # fmt: skip
     ok = [r for r in results if r.ok]
     ttft = sorted(r.ttft_s / time_scale for r in ok if r.ttft_s is not None)
@@ -133,7 +143,7 @@ def summarize(
         goodput_rps=sum(1 for t in ttft if t <= slo_s) / span if span > 0 else 0.0,
         errors=len(results) - len(ok),
         worker_share=[s / total if total else 0.0 for s in served],
-        requests=len(results), ttft_samples=samples,
+        requests=len(results), ttft_samples=samples, offered_rps=offered,
     )  # fmt: skip
 
 
@@ -321,6 +331,9 @@ def run(args: argparse.Namespace) -> int:
                 scaled_requests = at_load(sim_requests, profile, args.workers, load)
                 write_mooncake_jsonl(scaled_requests, out / f"trace-{workload}-{load:g}.jsonl")
                 requests = live_requests(scaled_requests, MODEL, args.time_scale, args.seed)
+                offered = offered_rps(scaled_requests)
+                print(f"{workload} load {load:g}: {len(requests)} requests offered at {offered:.2f} req/s",
+                      file=sys.stderr)  # fmt: skip
                 for pass_ in range(1, args.passes + 1):
                     order = args.routers if pass_ % 2 else list(reversed(args.routers))
                     for router in order:
@@ -341,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
                         wait_idle(fleet.urls)
                         after = [read_counters(u) for u in fleet.urls]
                         run = summarize(router, workload, load, pass_, results, wall, before, after,
-                                        args.time_scale, args.slo_ttft)  # fmt: skip
+                                        args.time_scale, args.slo_ttft, offered)  # fmt: skip
                         print(format_table([run], args.slo_ttft).splitlines()[1], file=sys.stderr)
                         runs.append(run)
     print(format_table(runs, args.slo_ttft))

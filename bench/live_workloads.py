@@ -113,6 +113,17 @@ def at_load(
     return scaled
 
 
+def offered_rps(requests: Sequence[SimRequest]) -> float:
+    """Requests ÷ arrival span (first to last arrival), in modelled seconds. Goodput and throughput are
+    counted per second of the run's span, which is at least the arrival span, so neither can exceed
+    this: it caps every router's goodput, and so any ratio of two routers' goodput at this load."""
+    if len(requests) < 2:
+        return 0.0
+    arrivals = [r.arrival_s for r in requests]
+    span = max(arrivals) - min(arrivals)
+    return len(requests) / span if span > 0 else 0.0
+
+
 def write_mooncake_jsonl(requests: Sequence[SimRequest], path: Path) -> None:
     """The requests as a Mooncake trace (`kvgate bench sim --trace` input; timestamps in ms)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from policy.ab import SPLIT_KEYS
-from policy.admission import DEFAULT_MAX_QUEUE_MS, DEFAULT_MAX_SEATS, DEFAULT_TOKENS_PER_SEAT, seat_count
+from policy.admission import (
+    DEFAULT_MAX_QUEUE_MS,
+    DEFAULT_MAX_SEATS,
+    DEFAULT_TOKENS_PER_SEAT,
+    QUEUE_SIGNALS,
+    seat_count,
+)
 from policy.config import POLICIES, RoutingConfig, load_routing_config
 from policy.config import ConfigError as PolicyConfigError
 from policy.types import Band
@@ -157,6 +163,11 @@ class AdmissionSection:
     # of it, or the lateness that queue already shows) exceeds this; 0 = off, the default (docs/ADMISSION.md;
     # 1000 is the measured setting)
     max_queue_ms: int = DEFAULT_MAX_QUEUE_MS
+    # which predicted wait the guard compares with max_queue_ms: "lateness" = the queued prefill or the
+    # most overdue pending request's lateness, whichever is longer (the kvgate policy's `queue-wait`);
+    # "dispatched" = only the prefill this gateway dispatched there and has seen no first token for, at
+    # the TTFT model's rate (`dispatched-wait`): no lateness, so a slow machine does not raise it
+    queue_signal: str = "lateness"
 
     def __post_init__(self) -> None:
         _at_least("admission.max_wait_ms", self.max_wait_ms, 0)
@@ -164,6 +175,7 @@ class AdmissionSection:
         _at_least("admission.drift_warn", self.drift_warn, 1)
         _at_least("admission.shed_low_after_ms", self.shed_low_after_ms, 0)
         _at_least("admission.max_queue_ms", self.max_queue_ms, 0)
+        _one_of("admission.queue_signal", self.queue_signal, tuple(QUEUE_SIGNALS))
         _check_shares("admission.band_shares", self.band_shares)
         _at_least("admission.default_total", self.default_total, 0)
         _at_least("admission.lease_ms", self.lease_ms, 100)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from plugin.config import ModelSection
 from plugin.context import GatewayContext
 from plugin.flow import Held, Route, now_s
-from policy.admission import queue_too_deep
+from policy.admission import QUEUE_SIGNALS, queue_too_deep
 from store.slots import (
     AdmissionRejected,
     Lease,
@@ -135,8 +135,9 @@ class Placement:
         """The engine-queue guard (policy.admission.queue_too_deep): refuse, nothing taken, when the
         chosen worker's predicted wait is over `[admission] max_queue_ms` (the best choice's: routing
         already weighs every worker's queue). Policies that predict no wait skip it."""
-        wait = route.decision.scores.get(route.worker.id, {}).get("queue-wait")
-        max_queue_s = self.ctx.config.admission.max_queue_ms / 1000
+        admission = self.ctx.config.admission
+        wait = route.decision.scores.get(route.worker.id, {}).get(QUEUE_SIGNALS[admission.queue_signal])
+        max_queue_s = admission.max_queue_ms / 1000
         if wait is None or not queue_too_deep(self.ticket.band, wait, max_queue_s):
             return
         raise QueueTooDeep(

@@ -58,6 +58,9 @@ DEFAULT_MAX_SEATS = 16
 # requests at 0.8 load, so it is opt-in (docs/BENCHMARKS.md §42)
 DEFAULT_MAX_QUEUE_MS = 0
 MEASURED_MAX_QUEUE_MS = 1000
+# the guard's wait signal (`[admission] queue_signal`) -> the routing decision's score that carries it
+# (policy/kvgate.py): the queue's lateness counted, or only the prefill this gateway dispatched
+QUEUE_SIGNALS: Mapping[str, str] = {"lateness": "queue-wait", "dispatched": "dispatched-wait"}
 # default band shares of the model total (default_quota): batch traffic is capped, online may borrow
 DEFAULT_SHARES: Mapping[Band, float] = {Band.HIGH: 0.5, Band.NORMAL: 0.3, Band.LOW: 0.2}
 

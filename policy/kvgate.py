@@ -157,6 +157,10 @@ class KvgatePolicy:
         # (plugin/placement.py) for the chosen worker only, so computed for it alone
         chosen = next(w for w in candidates if w.id == winner)
         scores[winner]["queue-wait"] = self.ttft.model.wait_s(chosen, late=True)
+        # the same wait from this gateway's own dispatches alone (prefill sent, no first token yet), no
+        # lateness: the door's guard with `queue_signal = "dispatched"` reads it. Lateness is a tail
+        # statistic that a loaded machine raises for every worker at once, and refusals raise it further
+        scores[winner]["dispatched-wait"] = self.ttft.model.wait_s(chosen, late=False)
         if replicate:
             narrowed = [*narrowed, "replicate"]
         if scores[winner].get(DECIDED):

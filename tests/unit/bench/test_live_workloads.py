@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench import live_workloads
 from bench.emulator.tokenizer import tokenize
 from bench.live_workloads import BlockText, at_load, build, cap_output, live_requests, write_mooncake_jsonl
 from bench.sim.load import offered_load
@@ -44,3 +45,13 @@ def test_rescaled_trace_round_trips_and_keeps_the_load(tmp_path: Path) -> None:
     live = live_requests(scaled, "m", time_scale=2.0)
     assert abs(live[-1].send_at_s - 2.0 * scaled[-1].arrival_s) < 1e-9
     assert live[0].body["max_tokens"] == scaled[0].output_tokens
+
+
+def test_offered_rate_is_requests_over_the_arrival_span_and_doubles_with_the_load() -> None:
+    profile = load_profile("h100-llama3.1-8b")
+    reqs = cap_output(build("tenants", seed=1, n=300), 256)
+    at_1, at_2 = at_load(reqs, profile, 4, 1.0), at_load(reqs, profile, 4, 2.0)
+    span = at_2[-1].arrival_s - at_2[0].arrival_s
+    assert live_workloads.offered_rps(at_2) == 300 / span
+    assert abs(live_workloads.offered_rps(at_2) / live_workloads.offered_rps(at_1) - 2.0) < 1e-9
+    assert live_workloads.offered_rps(at_2[:1]) == 0.0

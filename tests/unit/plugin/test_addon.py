@@ -320,14 +320,17 @@ async def test_ttft_slo_refuses_at_the_door_and_bounds_the_wait(gate: KvGate) ->
     assert feasible.response is None and state_of(feasible).lease is not None  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("max_queue_ms", [200, 0])
+@pytest.mark.parametrize(
+    ("max_queue_ms", "signal"), [(200, "lateness"), (200, "dispatched"), (0, "lateness"), (0, "dispatched")]
+)
 async def test_engine_queue_guard_refuses_below_high_at_the_door(
-    redis: aioredis.Redis, redis_url: str, tmp_path: Path, max_queue_ms: int
+    redis: aioredis.Redis, redis_url: str, tmp_path: Path, max_queue_ms: int, signal: str
 ) -> None:
     config = tmp_path / "kvgate.toml"
     config.write_text(
         '[auth]\nenabled = false\n[tenants.gold]\napi_keys = ["k-gold"]\nmax_band = "high"\n'
-        f"[admission]\nmax_queue_ms = {max_queue_ms}\n[decision_log]\nredis_stream = false\n"
+        f'[admission]\nmax_queue_ms = {max_queue_ms}\nqueue_signal = "{signal}"\n'
+        "[decision_log]\nredis_stream = false\n"
     )
     await registry.register(
         redis, WorkerRecord(id="w0", model=MODEL, url="http://10.1.2.3:8000"), 60_000, wall_ms()

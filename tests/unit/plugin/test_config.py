@@ -104,6 +104,9 @@ def test_prefix_mode_per_model_overrides_the_routing_default() -> None:
             {"models": {"m": {"tokens_per_seat": 0}}}, "models.m.tokens_per_seat", id="zero seat size"
         ),
         pytest.param({"models": {"m": {"max_seats": 0}}}, "models.m.max_seats", id="zero max seats"),
+        pytest.param(
+            {"admission": {"queue_signal": "overdue"}}, "admission.queue_signal", id="unknown queue signal"
+        ),
     ],
 )
 def test_invalid_config_names_the_key(data: dict[str, object], path: str) -> None:

@@ -123,10 +123,23 @@ def test_kvgate_decisions(
         "prefix-match",
         "predicted-ttft",
         "queue-wait",
+        "dispatched-wait",
         "miss-work",
         "cold-start",
         "cost",
     }
+
+
+def test_dispatched_wait_counts_the_queued_prefill_and_not_the_lateness() -> None:
+    # a worker whose queue runs 5 s late with about 1 s of prefill dispatched there: the lateness signal
+    # says 5 s, the dispatched one only what this gateway sent
+    model = POLICY.ttft.model
+    worker = w("a", int(model.prefill_tokens_per_s), overdue_s=5.0)
+    d = POLICY.decide(req(), [worker], random.Random(0), now_s=0.0)
+    assert d.scores["a"]["queue-wait"] == pytest.approx(model.overhead_s + 5.0)
+    queued_s = int(model.prefill_tokens_per_s) / model.prefill_tokens_per_s * model.slowdown(worker)
+    assert d.scores["a"]["dispatched-wait"] == pytest.approx(model.overhead_s + queued_s)
+    assert d.scores["a"]["dispatched-wait"] < 1.1
 
 
 def test_below_min_gain_is_a_tie_broken_by_seed() -> None:
