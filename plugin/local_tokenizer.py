@@ -52,9 +52,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 import time
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from hashlib import blake2b
@@ -99,6 +100,21 @@ _CHUNKABLE_SPLITS = frozenset(word_encoder.SPLITS)
 _T = TypeVar("_T")
 
 
+def _ids(parts: Iterable[array[int]]) -> array[int]:
+    """Token ids (an array("I"), as they are kept throughout: joined and hashed without a Python loop)."""
+    out = array("I")
+    out.frombytes(b"".join(parts))
+    return out
+
+
+def _hash_ints(digests: list[bytes]) -> list[int]:
+    """The 8-byte block digests as policy.prefix's ints (little-endian), in one conversion."""
+    ints = array("Q", b"".join(digests))
+    if sys.byteorder != "little":
+        ints.byteswap()
+    return ints.tolist()
+
+
 class LocalTokenizerError(ValueError):
     """A model directory that cannot be loaded (missing or bad tokenizer.json / tokenizer_config.json)."""
 
@@ -110,7 +126,7 @@ class _Chain:
     hashes: list[int]
     n: int
     last: bytes  # chain state after block n (the model seed when n == 0)
-    pending: tuple[int, ...]  # ids after the last full block
+    pending: array[int]  # ids after the last full block (never changed: a new array each time)
     tokens: int  # ids so far
 
 
@@ -249,7 +265,7 @@ class LocalTokenizer:
         self._chains: LRUCache[tuple[tuple[int, int], int, str], _Chain] = LRUCache(
             maxsize=max(1, chain_entries)
         )
-        self._pieces: LRUCache[str, tuple[int, ...]] = LRUCache(maxsize=max(1, piece_tokens), getsizeof=len)
+        self._pieces: LRUCache[str, array[int]] = LRUCache(maxsize=max(1, piece_tokens), getsizeof=len)
 
     @classmethod
     def load(cls, directory: str | Path, **caches: int) -> LocalTokenizer:
@@ -301,7 +317,7 @@ class LocalTokenizer:
         if plan.chain is None and text.base is not None:  # the seen messages' chain is gone: whole text
             text = await pacer.run(self._text_steps(body, False))
             plan = await pacer.run(self._plan_steps(text, block_size, model))
-        ids: list[tuple[int, ...]] = []
+        ids: list[array[int]] = []
         special = text.special
         if plan.new and sum(map(len, plan.new)) >= self.thread_min_chars:  # cold: off the loop, one core
             loop = asyncio.get_running_loop()
@@ -378,12 +394,17 @@ class LocalTokenizer:
                 rendering.cont,
             )
         )  # fmt: skip
+        messages = rendering.messages
+        if rendering.plain:  # every value a string: each message's items as they are, hashed in one pass
+            hashes: Iterable[int] = map(hash, map(tuple, map(dict.items, messages)))
+        else:
+            hashes = (
+                hash(tuple(m.items())) if all(type(v) is str for v in m.values()) else hash(_frozen(m))
+                for m in messages
+            )
         keys = []
-        for message in rendering.messages:
-            if all(type(v) is str for v in message.values()):  # the usual message: its items as they are
-                key = hash((key, tuple(message.items())))
-            else:
-                key = hash((key, _frozen(message)))
+        for message_hash in hashes:
+            key = hash((key, message_hash))
             keys.append(key)
         return keys
 
@@ -403,7 +424,7 @@ class LocalTokenizer:
         out.append(piece[start:])
         return out
 
-    def _encode(self, pieces: Sequence[str], special: bool) -> list[tuple[int, ...]]:
+    def _encode(self, pieces: Sequence[str], special: bool) -> list[array[int]]:
         """The ids of each piece, on the calling thread. Plain ASCII text (a piece, else a chunk of it)
         goes through the pre-token cache (`words`); the other chunks go to one tokenizer call:
         encode_batch from PARALLEL_MIN_CHUNKS on (it spreads them over the tokenizer's threads), else
@@ -411,7 +432,7 @@ class LocalTokenizer:
         words = None if special else self.words
         whole = [words.ids(p) for p in pieces] if words is not None else [None] * len(pieces)
         chunked = [self.chunks(p, special) for p, ids in zip(pieces, whole, strict=True) if ids is None]
-        known: dict[str, tuple[int, ...]] = {}
+        known: dict[str, array[int]] = {}
         if words is not None:
             for chunk in chain.from_iterable(chunked):
                 ids = words.ids(chunk)
@@ -421,21 +442,21 @@ class LocalTokenizer:
         if rest:
             batch = self.tokenizer.encode_batch if len(rest) >= PARALLEL_MIN_CHUNKS else self._fast
             known.update(
-                zip(rest, (tuple(e.ids) for e in batch(rest, add_special_tokens=special)), strict=True)
+                zip(rest, (array("I", e.ids) for e in batch(rest, add_special_tokens=special)), strict=True)
             )
-        joined = (tuple(chain.from_iterable(map(known.__getitem__, chunks))) for chunks in chunked)
+        joined = (_ids(map(known.__getitem__, chunks)) for chunks in chunked)
         return [ids if ids is not None else next(joined) for ids in whole]
 
-    def _encode_serial(self, pieces: Sequence[str], special: bool) -> list[tuple[int, ...]]:
+    def _encode_serial(self, pieces: Sequence[str], special: bool) -> list[array[int]]:
         """`_encode` one chunk per call (for a worker thread): a batch of one is encoded on the calling
         thread with the GIL released, so the encoder takes one core and the loop keeps the other."""
         encode = self._fast
         out = []
         for piece in pieces:
-            ids: list[int] = []
+            ids = array("I")
             for chunk in self.chunks(piece, special):
-                ids += encode([chunk], add_special_tokens=special)[0].ids
-            out.append(tuple(ids))
+                ids.extend(encode([chunk], add_special_tokens=special)[0].ids)
+            out.append(ids)
         return out
 
     def _remember(self, plan: _Plan) -> None:
@@ -482,14 +503,14 @@ class LocalTokenizer:
     def _is_added(self, piece: str) -> bool:
         return self._cut is not None and self._cut.fullmatch(piece) is not None
 
-    def _piece_ids(self, plan: _Plan, piece: str) -> tuple[int, ...]:
+    def _piece_ids(self, plan: _Plan, piece: str) -> array[int]:
         ids = plan.fresh.get(piece) or self._pieces.get(piece)
         if ids is None:
             added = self._added_ids.get(piece)
             if added is not None:  # an added token is one id (the tokenizer splits on it first)
-                return (added,)
+                return array("I", (added,))
             # a piece the LRU dropped meanwhile
-            ids = tuple(self.tokenizer.encode(piece, add_special_tokens=False).ids)
+            ids = array("I", self.tokenizer.encode(piece, add_special_tokens=False).ids)
         return ids
 
     def _extend(self, plan: _Plan, model: str, block_size: int) -> Iterator[LocalBlocks | None]:
@@ -498,28 +519,34 @@ class LocalTokenizer:
         c = plan.chain
         if c is None:
             hashes: list[int] = []
-            pending: tuple[int, ...] = ()
+            pending = array("I")
             last, tokens = _seed(model), 0
         else:  # append in place while this chain is the list's end, else branch off a copy
             hashes = c.hashes if len(c.hashes) == c.n else c.hashes[: c.n]
             last, tokens = c.last, c.tokens
             pending = c.pending
         cached = tokens
-        step = 4 * block_size
-        since_yield = 0
+        step = 4 * block_size  # bytes of a block's ids
+        since_yield = 0  # blocks hashed since the last yield
+        digests: list[bytes] = []
         for piece, key in zip(plan.pieces, plan.keys, strict=True):
             ids = self._piece_ids(plan, piece)
             run = pending + ids
             full = len(run) // block_size
-            if full:
-                data = array("I", run[: full * block_size]).tobytes()
-                for i in range(full):
-                    last = blake2b(last + data[i * step : (i + 1) * step], digest_size=8).digest()
-                    hashes.append(int.from_bytes(last, "little"))
-                    since_yield += 1
-                    if since_yield == HASH_STEP_BLOCKS:
-                        since_yield = 0
-                        yield None  # after an append: a concurrent extend of this chain copies it
+            data = run[: full * block_size].tobytes()
+            at = 0
+            while at < len(data):  # up to the next yield, or the piece's last full block
+                end = min(len(data), at + (HASH_STEP_BLOCKS - since_yield) * step)
+                for i in range(at, end, step):
+                    last = blake2b(last + data[i : i + step], digest_size=8).digest()
+                    digests.append(last)
+                since_yield += (end - at) // step
+                at = end
+                hashes += _hash_ints(digests)
+                digests.clear()
+                if since_yield == HASH_STEP_BLOCKS:
+                    since_yield = 0
+                    yield None  # after an append: a concurrent extend of this chain copies it
             pending = run[full * block_size :]
             tokens += len(ids)
             if key is not None:
@@ -556,7 +583,7 @@ class _Plan:
     keys: list[tuple[int, int] | None]  # (hash chain, length) of the text up to the end of each piece
     chain: _Chain | None  # the longest cached chain the text starts with
     new: list[str]  # distinct pieces to encode (in no cache)
-    fresh: dict[str, tuple[int, ...]] = field(default_factory=dict)  # their ids, once encoded
+    fresh: dict[str, array[int]] = field(default_factory=dict)  # their ids, once encoded
 
 
 def _last(steps: Iterator[_T | None]) -> _T:

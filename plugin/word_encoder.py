@@ -22,8 +22,8 @@ tests/property/test_local_tokenizer_incremental.py compares the ids with a whole
 from __future__ import annotations
 
 import re
+from array import array
 from collections.abc import Callable, Mapping
-from itertools import chain
 from typing import Any
 
 from tokenizers import Tokenizer as HfTokenizer
@@ -91,7 +91,8 @@ class WordEncoder:
         self._split: Callable[[str], list[str]] = re.compile(pattern).findall
         self._tokenize = tokenizer.model.tokenize
         self._byte_level = _byte_level()
-        self._words: dict[str, tuple[int, ...]] = {}
+        # a pre-token's ids as the bytes of an array("I"): a text's ids are one bytes join, no Python loop
+        self._words: dict[str, bytes] = {}
         self.max_words = max_words
 
     @classmethod
@@ -107,24 +108,30 @@ class WordEncoder:
         ours = [w.translate(out._byte_level) for w in out._split(_PROBE)]
         return out if ours == theirs else None
 
-    def ids(self, text: str) -> tuple[int, ...] | None:
+    def ids(self, text: str) -> array[int] | None:
+        """The ids of `text` as an array("I"), or None if it is not all in the alphabet."""
         if _OUTSIDE.search(text) is not None:
             return None
         words = self._split(text)
         parts = list(map(self._words.get, words))
-        if None in parts:
-            for i, part in enumerate(parts):
-                if part is None:
-                    parts[i] = self._word(words[i])
-        return tuple(chain.from_iterable(parts))  # type: ignore[arg-type]  # no None is left
+        try:
+            joined = b"".join(parts)  # type: ignore[arg-type]  # a None (a pre-token not cached) raises
+        except TypeError:
+            joined = b"".join(
+                [part if part is not None else self._word(words[i]) for i, part in enumerate(parts)]
+            )
+        out = array("I")
+        out.frombytes(joined)
+        return out
 
     def clear(self) -> None:
         self._words.clear()
 
-    def _word(self, word: str) -> tuple[int, ...]:
+    def _word(self, word: str) -> bytes:
         found = self._words.get(word)  # the same word earlier in this text
         if found is None:
             if len(self._words) >= self.max_words:
                 self._words.clear()
-            found = self._words[word] = tuple(t.id for t in self._tokenize(word.translate(self._byte_level)))
+            tokens = self._tokenize(word.translate(self._byte_level))
+            found = self._words[word] = array("I", [t.id for t in tokens]).tobytes()
         return found

@@ -141,8 +141,8 @@ def test_chunked_encode_gives_the_ids_of_a_whole_encode(
     tok = _fresh(tokenizers[name], chunk)
     pieces = [p for text in texts for p in tok._cut.split(text) if p and not tok._is_added(p)]  # type: ignore[union-attr]
     whole = [tuple(tok.encode(p, False)) for p in pieces]
-    assert tok._encode(pieces, False) == whole
-    assert tok._encode_serial(pieces, False) == whole
+    assert list(map(tuple, tok._encode(pieces, False))) == whole
+    assert list(map(tuple, tok._encode_serial(pieces, False))) == whole
     for p in pieces:
         assert "".join(tok.chunks(p)) == p
 
@@ -176,7 +176,7 @@ def test_the_pre_token_cache_gives_the_ids_of_a_whole_encode(
     if any((c < " " and c not in "\t\n\r") or c == "\x7f" for c in text):
         assert ids is None
     else:
-        assert ids == tuple(tokenizers[name].encode(text, False))
+        assert ids is not None and tuple(ids) == tuple(tokenizers[name].encode(text, False))
         assert words.ids(text) == ids  # the cached pre-tokens again
 
 
@@ -265,4 +265,34 @@ def test_a_seen_chat_with_its_last_message_replaced_hashes_like_a_whole_encode(
         if "llama3" in name:  # (Qwen 2.5 reads the next message: rendered whole)
             assert text.base is not None and text.base.key[1] > 0
         got = asyncio.run(tok.blocks_async(body, MODEL, block))
+        assert list(got.hashes) == reference_hashes(tok, body, MODEL, block)
+
+
+@settings(max_examples=100, deadline=None)
+@given(name=st.sampled_from(["gpt2-regex/llama3-template", "gpt2-regex/qwen25-template", "qwen2-split"]),
+       system=TEXTS, chat=CHATS, last=CHATS, where=st.integers(0, 6), other=TEXTS,
+       parts=st.booleans(), block=st.sampled_from([1, 16]))  # fmt: skip
+def test_a_seen_chat_with_an_earlier_message_changed_hashes_like_a_whole_encode(
+    tokenizers: dict[str, LocalTokenizer],
+    name: str,
+    system: str,
+    chat: list[dict[str, Any]],
+    last: list[dict[str, Any]],
+    where: int,
+    other: str,
+    parts: bool,
+    block: int,
+) -> None:
+    # the message keys must prove that the messages before the seen one are the same, in plain chats
+    # (every value a string, keyed in one pass) and in chats with a content-parts message (keyed one by one)
+    tok = _fresh(tokenizers[name], 8)
+    seen = [{"role": "system", "content": system}, *chat]
+    if parts:
+        seen[0] = {"role": "system", "content": [{"type": "text", "text": system}]}
+    tok.blocks({"messages": seen}, MODEL, block)
+    changed = [dict(m) for m in seen]
+    j = where % len(changed)
+    changed[j]["content"] = other if changed[j]["content"] != other else other + "!"
+    for body in ({"messages": [*changed, *last]}, {"messages": [*seen, *last]}, {"messages": changed}):
+        got = tok.blocks(body, MODEL, block)
         assert list(got.hashes) == reference_hashes(tok, body, MODEL, block)
