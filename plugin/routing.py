@@ -141,18 +141,15 @@ class ModelRouting:
             out.append(
                 WorkerView(
                     id=w.id,
-                    inflight=ledger.inflight(w.id),
                     running=w.running,
                     waiting=w.waiting,
                     kv_usage=w.kv_usage,
-                    pending_prefill_tokens=ledger.pending_prefill_tokens(w.id),
-                    overdue_s=ledger.overdue_s(w.id, now_s),
-                    decoding_context_tokens=ledger.decoding_context_tokens(w.id),
                     capacity_tokens=w.capacity_tokens,
                     max_concurrency=w.max_concurrency,
                     joined_s=w.joined_ms / 1000,
                     healthy=w.live,
                     draining=w.draining,
+                    **ledger.signals(w.id, now_s),
                 )
             )
         return out

@@ -4,7 +4,7 @@
                     context_tokens=prompt_tokens)
     ledger.first_token(request_id, now_s)                                           its first token
     ledger.finish(request_id, now_s)                                                it ended (any way)
-    views = ledger.annotate(views, now_s)                                           before the next one
+    WorkerView(id, ..., **ledger.signals(id, now_s))                                before the next one
 
 Per worker it knows the requests in flight, the uncached prefill tokens whose first token has not come
 back (`pending_prefill_tokens`), how many requests are still waiting for their first token
@@ -20,12 +20,9 @@ keep one ledger per model; nothing here does I/O or reads a clock.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
-from collections.abc import Sequence
 from dataclasses import dataclass
-
-from policy.types import WorkerView
+from typing import TypedDict
 
 
 @dataclass(slots=True)
@@ -35,6 +32,15 @@ class _Pending:
     due_s: float  # dispatch time + predicted TTFT
     context_tokens: int = 0  # its prompt: the KV its decode reads at every engine step
     first_token: bool = False
+
+
+class RSignals(TypedDict):
+    """The router-side fields of a WorkerView (`InflightLedger.signals`)."""
+
+    inflight: int
+    pending_prefill_tokens: int
+    overdue_s: float
+    decoding_context_tokens: int
 
 
 class InflightLedger:
@@ -116,15 +122,13 @@ class InflightLedger:
             heapq.heappop(heap)  # returned, finished or re-dispatched since: drop lazily
         return 0.0
 
-    def annotate(self, views: Sequence[WorkerView], now_s: float) -> list[WorkerView]:
-        """The views with this ledger's R signals (in flight, pending prefill, lateness, decoding context)."""
-        return [
-            dataclasses.replace(
-                w,
-                inflight=self.inflight(w.id),
-                pending_prefill_tokens=self.pending_prefill_tokens(w.id),
-                overdue_s=self.overdue_s(w.id, now_s),
-                decoding_context_tokens=self.decoding_context_tokens(w.id),
-            )
-            for w in views
-        ]
+    def signals(self, worker: str, now_s: float) -> RSignals:
+        """This ledger's R signals for `worker`, the fields of its WorkerView that the router knows and the
+        engine does not: `WorkerView(id=..., <scraped fields>, **ledger.signals(id, now_s))`, as the gateway
+        (plugin/routing.py) and the simulator's router (bench/sim/policy_router.py) both build them."""
+        return RSignals(
+            inflight=self.inflight(worker),
+            pending_prefill_tokens=self.pending_prefill_tokens(worker),
+            overdue_s=self.overdue_s(worker, now_s),
+            decoding_context_tokens=self.decoding_context_tokens(worker),
+        )

@@ -121,16 +121,13 @@ class PolicyRouter:
             views.append(
                 WorkerView(
                     id=w,
-                    inflight=ledger.inflight(w),
                     running=scraped.running,
                     waiting=scraped.waiting,
                     kv_usage=scraped.kv_usage,
-                    pending_prefill_tokens=ledger.pending_prefill_tokens(w),
-                    overdue_s=ledger.overdue_s(w, now_s),
-                    decoding_context_tokens=ledger.decoding_context_tokens(w),
                     capacity_tokens=cluster.capacity_tokens(w),
                     max_concurrency=cluster.max_concurrency(w),
                     joined_s=joined.setdefault(w, now_s),
+                    **ledger.signals(w, now_s),
                 )
             )
         return views

@@ -35,13 +35,13 @@ def test_dispatch_first_token_finish_bring_every_counter_back() -> None:
     assert ledger.overdue_s("w0", 100.0) == 0.0
 
 
-def test_annotate_fills_the_router_side_fields_only() -> None:
+def test_signals_are_the_router_side_fields_of_a_view() -> None:
     ledger = InflightLedger()
     ledger.dispatch("a", "w1", 800, 1.0, now_s=0.0)
-    views = ledger.annotate([WorkerView("w0", waiting=3, kv_usage=0.5), WorkerView("w1", running=2)], 4.0)
-    assert views[0] == WorkerView("w0", waiting=3, kv_usage=0.5)
-    assert (views[1].inflight, views[1].pending_prefill_tokens) == (1, 800)
-    assert views[1].overdue_s == 3.0 and views[1].running == 2
+    idle = WorkerView("w0", waiting=3, kv_usage=0.5, **ledger.signals("w0", 4.0))
+    assert idle == WorkerView("w0", waiting=3, kv_usage=0.5)
+    busy = WorkerView("w1", running=2, **ledger.signals("w1", 4.0))
+    assert (busy.inflight, busy.pending_prefill_tokens, busy.overdue_s, busy.running) == (1, 800, 3.0, 2)
 
 
 def test_a_repeated_id_replaces_its_earlier_dispatch() -> None:
@@ -60,7 +60,7 @@ def test_decoding_context_counts_a_request_from_its_first_token_to_its_end() -> 
     assert ledger.decoding_context_tokens("w0") == 0  # both still wait for their prefill
     ledger.first_token("a", 0.4)
     assert ledger.decoding_context_tokens("w0") == 7000
-    assert ledger.annotate([WorkerView("w0")], 0.4)[0].decoding_context_tokens == 7000
+    assert ledger.signals("w0", 0.4)["decoding_context_tokens"] == 7000
     ledger.finish("b", 0.6)  # ended without a first token: it never decoded
     assert ledger.decoding_context_tokens("w0") == 7000
     ledger.finish("a", 1.0)
