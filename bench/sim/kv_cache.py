@@ -45,21 +45,11 @@ class PrefixCache:
                 self.events.append((kind, [key]))
 
     def pin(self, key: Hashable) -> None:
-        if self.ref[key] == 0:
-            del self.lru[key]
-            self.evictable -= self.size[key]
-            self.pinned += self.size[key]
-        self.ref[key] += 1
-
-    def unpin(self, key: Hashable) -> None:
-        self.ref[key] -= 1
-        if self.ref[key] == 0:
-            self.lru[key] = None
-            self.evictable += self.size[key]
-            self.pinned -= self.size[key]
+        self.pin_all((key,))
 
     def pin_all(self, keys: Iterable[Hashable]) -> None:
-        """`pin` each key in turn (one call per request: a long prompt pins hundreds of blocks)."""
+        """Pin each key in turn: a cached block leaves the LRU queue at its first pin (one call per request:
+        a long prompt pins hundreds of blocks)."""
         ref, lru, size = self.ref, self.lru, self.size
         moved = 0
         for key in keys:
@@ -72,7 +62,8 @@ class PrefixCache:
         self.pinned += moved
 
     def unpin_all(self, keys: Iterable[Hashable]) -> None:
-        """`unpin` each key in turn, in the given order (the LRU queue's order on release)."""
+        """Unpin each key in turn, in the given order: a block rejoins the LRU queue, evictable, at its last
+        unpin (the given order is the queue's order on release)."""
         ref, lru, size = self.ref, self.lru, self.size
         moved = 0
         for key in keys:
