@@ -45,8 +45,11 @@ def redis_from_url(url: str, **kwargs: Any) -> aioredis.Redis:
     if not service:
         raise ValueError(f"sentinel URL without a service name: {url!r}")
     db = int(parse_qs(parts.query).get("db", ["0"])[0])
-    sentinel_kwargs = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout") if k in kwargs}
-    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **sentinel_kwargs)  # type: ignore[no-untyped-call]
+    sentinel_kwargs: dict[str, Any] = {
+        k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout") if k in kwargs
+    }
+    # redis-py < 8.2 leaves Sentinel's __init__ unannotated; 8.2 types it
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **sentinel_kwargs)  # type: ignore[no-untyped-call,unused-ignore]
     primary: aioredis.Redis = sentinel.master_for(service, redis_class=aioredis.Redis, db=db, **kwargs)
     return primary
 
