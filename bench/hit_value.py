@@ -116,18 +116,23 @@ def run_kvgate(
     profile = load_profile(profile_path)
     router = PolicyRouter("kvgate", config, 1)
     rec = RecordingPolicy(KvgatePolicy(config), _observe)
-    router.policy = rec  # type: ignore[assignment]
+    router.policy = rec
     return simulate(requests, router, profile, workers), rec.seen
 
 
 def summary(result: SimResult, slo_s: float) -> dict[str, float]:
-    served = [r for r in result.records if r.first_token_s is not None and r.finish_s is not None]
-    ttft = sorted(r.first_token_s - r.arrival_s for r in served)  # type: ignore[operator]
+    # (arrival, first token, finish) of each request that finished
+    served = [
+        (r, r.first_token_s, r.finish_s)
+        for r in result.records
+        if r.first_token_s is not None and r.finish_s is not None
+    ]
+    ttft = sorted(first - r.arrival_s for r, first, _ in served)
     start = min(r.arrival_s for r in result.records)
-    span = max(r.finish_s for r in served) - start  # type: ignore[type-var]
-    tokens = sum(r.input_tokens for r in served)
+    span = max(finish for _, _, finish in served) - start
+    tokens = sum(r.input_tokens for r, _, _ in served)
     return {
-        "hit": sum(r.cached_tokens for r in served) / tokens if tokens else 0.0,
+        "hit": sum(r.cached_tokens for r, _, _ in served) / tokens if tokens else 0.0,
         "p50": percentile(ttft, 50),
         "p99": percentile(ttft, 99),
         "rps": len(served) / span,
@@ -150,10 +155,10 @@ def report(name: str, requests: Sequence[SimRequest], profile_path: Path, args: 
     sg = simulate(requests, make_router("sglang", 1), load_profile(profile_path), args.workers)
     a, b = summary(kv, args.slo_ttft), summary(sg, args.slo_ttft)
     print(f"\n== {name} at {args.load:g}x: {len(requests)} requests, {args.workers} workers")
-    for label, s in (("kvgate", a), ("sglang", b)):
+    for label, figures in (("kvgate", a), ("sglang", b)):
         print(
-            f"  {label:7} hit {s['hit']:.1%}  TTFT p50 {s['p50']:.3f} p99 {s['p99']:.3f}  "
-            f"req/s {s['rps']:.2f}  goodput {s['good']:.2f}"
+            f"  {label:7} hit {figures['hit']:.1%}  TTFT p50 {figures['p50']:.3f} "
+            f"p99 {figures['p99']:.3f}  req/s {figures['rps']:.2f}  goodput {figures['good']:.2f}"
         )
     kinds = Counter(s.kind for s in seen.values())
     whys = Counter((s.kind, s.why) for s in seen.values() if s.kind in ("move", "filter"))

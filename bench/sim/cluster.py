@@ -178,7 +178,7 @@ class SimCluster:
         return views
 
     def drain_kv_events(self, worker_id: str) -> list[tuple[str, list[object]]]:
-        return self.engines[worker_id].drain_kv_events()  # type: ignore[return-value]
+        return self.engines[worker_id].drain_kv_events()
 
     # shell side
     def blocks_of(self, req: SimRequest) -> tuple[tuple[int, int], ...]:
