@@ -166,7 +166,9 @@ class AdmissionSection:
     # which predicted wait the guard compares with max_queue_ms: "lateness" = the queued prefill or the
     # most overdue pending request's lateness, whichever is longer (the kvgate policy's `queue-wait`);
     # "dispatched" = only the prefill this gateway dispatched there and has seen no first token for, at
-    # the TTFT model's rate (`dispatched-wait`): no lateness, so a slow machine does not raise it
+    # the TTFT model's rate (`dispatched-wait`): no lateness, so a slow machine does not raise it;
+    # "dispatched_ttft" = that plus the request's own uncached prefill there (`predicted-ttft`): a miss is
+    # refused before a hit at the same queue
     queue_signal: str = "lateness"
 
     def __post_init__(self) -> None:

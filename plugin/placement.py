@@ -141,7 +141,8 @@ class Placement:
         if wait is None or not queue_too_deep(self.ticket.band, wait, max_queue_s):
             return
         raise QueueTooDeep(
-            f"predicted queue {wait:.3f} s on the best worker exceeds max_queue_ms {max_queue_s * 1000:g}",
+            f"predicted {admission.queue_signal} wait {wait:.3f} s on the best worker exceeds max_queue_ms "
+            f"{max_queue_s * 1000:g}",
             retry_after_s=max(1.0, wait - max_queue_s),
             est_wait_s=wait,
         )

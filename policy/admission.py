@@ -59,8 +59,15 @@ DEFAULT_MAX_SEATS = 16
 DEFAULT_MAX_QUEUE_MS = 0
 MEASURED_MAX_QUEUE_MS = 1000
 # the guard's wait signal (`[admission] queue_signal`) -> the routing decision's score that carries it
-# (policy/kvgate.py): the queue's lateness counted, or only the prefill this gateway dispatched
-QUEUE_SIGNALS: Mapping[str, str] = {"lateness": "queue-wait", "dispatched": "dispatched-wait"}
+# (policy/kvgate.py): the queue's lateness counted, or only the prefill this gateway dispatched, or that
+# dispatched prefill plus the request's own uncached prefill there (its predicted TTFT without lateness:
+# at the same queue a miss is refused before a hit, since refusing a miss frees more prefill than
+# refusing a hit, and a refused hit warms no cache either way)
+QUEUE_SIGNALS: Mapping[str, str] = {
+    "lateness": "queue-wait",
+    "dispatched": "dispatched-wait",
+    "dispatched_ttft": "predicted-ttft",
+}
 # default band shares of the model total (default_quota): batch traffic is capped, online may borrow
 DEFAULT_SHARES: Mapping[Band, float] = {Band.HIGH: 0.5, Band.NORMAL: 0.3, Band.LOW: 0.2}
 
