@@ -23,6 +23,7 @@ from policy.ab import SPLIT_KEYS
 from policy.admission import (
     DEFAULT_MAX_QUEUE_MS,
     DEFAULT_MAX_SEATS,
+    DEFAULT_QUEUE_SIGNAL,
     DEFAULT_TOKENS_PER_SEAT,
     QUEUE_SIGNALS,
     seat_count,
@@ -169,7 +170,7 @@ class AdmissionSection:
     # the TTFT model's rate (`dispatched-wait`): no lateness, so a slow machine does not raise it;
     # "dispatched_ttft" = that plus the request's own uncached prefill there (`predicted-ttft`): a miss is
     # refused before a hit at the same queue
-    queue_signal: str = "lateness"
+    queue_signal: str = DEFAULT_QUEUE_SIGNAL
 
     def __post_init__(self) -> None:
         _at_least("admission.max_wait_ms", self.max_wait_ms, 0)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from plugin.config import ModelSection
 from plugin.context import GatewayContext
 from plugin.flow import Held, Route, now_s
-from policy.admission import QUEUE_SIGNALS, queue_too_deep
+from policy.admission import door_wait_s, queue_too_deep
 from store.slots import (
     AdmissionRejected,
     Lease,
@@ -136,7 +136,7 @@ class Placement:
         chosen worker's predicted wait is over `[admission] max_queue_ms` (the best choice's: routing
         already weighs every worker's queue). Policies that predict no wait skip it."""
         admission = self.ctx.config.admission
-        wait = route.decision.scores.get(route.worker.id, {}).get(QUEUE_SIGNALS[admission.queue_signal])
+        wait = door_wait_s(route.decision.scores.get(route.worker.id, {}), admission.queue_signal)
         max_queue_s = admission.max_queue_ms / 1000
         if wait is None or not queue_too_deep(self.ticket.band, wait, max_queue_s):
             return
