@@ -322,7 +322,7 @@ async def test_ttft_slo_refuses_at_the_door_and_bounds_the_wait(gate: KvGate) ->
 
 @pytest.mark.parametrize(
     ("max_queue_ms", "signal"),
-    [(200, "lateness"), (200, "dispatched"), (200, "dispatched_ttft"), (0, "lateness"), (0, "dispatched")],
+    [(200, "lateness"), (200, "dispatched"), (0, "lateness"), (0, "dispatched")],
 )
 async def test_engine_queue_guard_refuses_below_high_at_the_door(
     redis: aioredis.Redis, redis_url: str, tmp_path: Path, max_queue_ms: int, signal: str
