@@ -1,13 +1,14 @@
 """The engine-queue guard in the simulator: where the time goes at overload, and what each budget buys.
 
     python -m bench.queue_guard [--workloads tenants,mooncake,weka] [--loads 0.8,2] [--budgets 0,0.5,1,2,4]
-        [--policies kvgate] [--requests 300] [--workers 4] [--num-gpu-blocks 2500] [--slo-ttft 2]
-        [--json PATH]
+        [--signal dispatched] [--policies kvgate] [--requests 300] [--workers 4] [--num-gpu-blocks 2500]
+        [--slo-ttft 2] [--json PATH]
 
 Each workload is built exactly as `kvgate bench live` builds it (bench/live_workloads.py, the same seed,
 output cap and engine profile with the same KV pool), scaled to each load, and replayed with the kvgate
-routing policy behind the `kvgate_guard` gate (bench/sim/admission.py: no quota, only
-`policy.admission.queue_too_deep` at the door) for each budget in seconds; budget 0 is no gate at all,
+routing policy behind the `kvgate_guard` gate (bench/sim/admission.py: no quota, only the gateway's
+guard on the routing decision, `policy.admission.door_wait_s` read with `--signal` and
+`queue_too_deep`) for each budget in seconds; budget 0 is no gate at all,
 which is what the gateway runs without a quota. Per run: TTFT p50/p99 of the served requests, the time
 they spent at the gate (arrival to dispatch: always 0 here, there is no gate queue) and in the engine
 (dispatch to first token), refused requests, throughput and goodput (served requests with TTFT within
@@ -29,14 +30,15 @@ from bench.sim.cluster import simulate
 from bench.sim.profiles import load_profile
 from bench.sim.registry import make_router
 from bench.stats import percentile
+from policy.admission import MEASURED_QUEUE_SIGNAL, QUEUE_SIGNALS
 
 
 def run_one(
     requests: Sequence[object], profile_path: Path, workers: int, budget_s: float, slo_s: float,
-    policy: str = "kvgate",
+    policy: str = "kvgate", signal: str = MEASURED_QUEUE_SIGNAL,
 ) -> dict[str, float]:  # fmt: skip
     profile = load_profile(profile_path)
-    gate = QueueGuardGate(profile, budget_s)
+    gate = QueueGuardGate(profile, budget_s, signal)
     router = GatedRouter(make_router(policy, 1), gate)
     result = simulate(requests, router, profile, workers, gate=gate)  # type: ignore[arg-type]
     served = [r for r in result.records if r.first_token_s is not None and r.finish_s is not None]
@@ -66,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--policies", default="kvgate", help="routing policies (bench/sim/registry.py names)")
     p.add_argument("--loads", default="0.8,2")
     p.add_argument("--budgets", default="0,0.5,1,2,4", help="max_queue in seconds; 0 = no gate")
+    p.add_argument("--signal", default=MEASURED_QUEUE_SIGNAL, choices=sorted(QUEUE_SIGNALS))
     p.add_argument("--requests", type=int, default=300)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--num-gpu-blocks", type=int, default=2500)
@@ -91,7 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 (p, float(x)) for p in args.policies.split(",") if p for x in args.budgets.split(",") if x
             ]:
                 row: dict[str, object] = {"policy": policy, "workload": workload, "load": load}
-                row |= run_one(requests, profile_path, args.workers, budget, args.slo_ttft, policy)
+                row |= run_one(
+                    requests, profile_path, args.workers, budget, args.slo_ttft, policy, args.signal
+                )
                 rows.append(row)
                 cells = (policy, workload, f"{load:g}", f"{budget:g}",
                          f"{row['ttft_p50']:.3f}", f"{row['ttft_p99']:.3f}",

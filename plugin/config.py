@@ -23,6 +23,7 @@ from policy.ab import SPLIT_KEYS
 from policy.admission import (
     DEFAULT_MAX_QUEUE_MS,
     DEFAULT_MAX_SEATS,
+    DEFAULT_QUEUE_SIGNAL,
     DEFAULT_TOKENS_PER_SEAT,
     QUEUE_SIGNALS,
     seat_count,
@@ -166,8 +167,10 @@ class AdmissionSection:
     # which predicted wait the guard compares with max_queue_ms: "lateness" = the queued prefill or the
     # most overdue pending request's lateness, whichever is longer (the kvgate policy's `queue-wait`);
     # "dispatched" = only the prefill this gateway dispatched there and has seen no first token for, at
-    # the TTFT model's rate (`dispatched-wait`): no lateness, so a slow machine does not raise it
-    queue_signal: str = "lateness"
+    # the TTFT model's rate (`dispatched-wait`): no lateness, so a slow machine does not raise it;
+    # "dispatched_ttft" = that plus the request's own uncached prefill there (`predicted-ttft`): a miss is
+    # refused before a hit at the same queue
+    queue_signal: str = DEFAULT_QUEUE_SIGNAL
 
     def __post_init__(self) -> None:
         _at_least("admission.max_wait_ms", self.max_wait_ms, 0)

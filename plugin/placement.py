@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from plugin.config import ModelSection
 from plugin.context import GatewayContext
 from plugin.flow import Held, Route, now_s
-from policy.admission import QUEUE_SIGNALS, queue_too_deep
+from policy.admission import door_wait_s, queue_too_deep
 from store.slots import (
     AdmissionRejected,
     Lease,
@@ -136,12 +136,13 @@ class Placement:
         chosen worker's predicted wait is over `[admission] max_queue_ms` (the best choice's: routing
         already weighs every worker's queue). Policies that predict no wait skip it."""
         admission = self.ctx.config.admission
-        wait = route.decision.scores.get(route.worker.id, {}).get(QUEUE_SIGNALS[admission.queue_signal])
+        wait = door_wait_s(route.decision.scores.get(route.worker.id, {}), admission.queue_signal)
         max_queue_s = admission.max_queue_ms / 1000
         if wait is None or not queue_too_deep(self.ticket.band, wait, max_queue_s):
             return
         raise QueueTooDeep(
-            f"predicted queue {wait:.3f} s on the best worker exceeds max_queue_ms {max_queue_s * 1000:g}",
+            f"predicted {admission.queue_signal} wait {wait:.3f} s on the best worker exceeds max_queue_ms "
+            f"{max_queue_s * 1000:g}",
             retry_after_s=max(1.0, wait - max_queue_s),
             est_wait_s=wait,
         )

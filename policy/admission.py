@@ -57,10 +57,20 @@ DEFAULT_MAX_SEATS = 16
 # budget it was measured with: at 2x it raised goodput, but live on a loaded machine it also refused
 # requests at 0.8 load, so it is opt-in (docs/BENCHMARKS.md §42)
 DEFAULT_MAX_QUEUE_MS = 0
-MEASURED_MAX_QUEUE_MS = 1000
+DEFAULT_QUEUE_SIGNAL = "lateness"
+# the setting measured live at 2x-4x overload (docs/BENCHMARKS.md §64): the simulator's kvgate_guard runs it
+MEASURED_MAX_QUEUE_MS = 2000
+MEASURED_QUEUE_SIGNAL = "dispatched"
 # the guard's wait signal (`[admission] queue_signal`) -> the routing decision's score that carries it
-# (policy/kvgate.py): the queue's lateness counted, or only the prefill this gateway dispatched
-QUEUE_SIGNALS: Mapping[str, str] = {"lateness": "queue-wait", "dispatched": "dispatched-wait"}
+# (policy/kvgate.py): the queue's lateness counted, or only the prefill this gateway dispatched, or that
+# dispatched prefill plus the request's own uncached prefill there (its predicted TTFT without lateness:
+# at the same queue a miss is refused before a hit, since refusing a miss frees more prefill than
+# refusing a hit, and a refused hit warms no cache either way)
+QUEUE_SIGNALS: Mapping[str, str] = {
+    "lateness": "queue-wait",
+    "dispatched": "dispatched-wait",
+    "dispatched_ttft": "predicted-ttft",
+}
 # default band shares of the model total (default_quota): batch traffic is capped, online may borrow
 DEFAULT_SHARES: Mapping[Band, float] = {Band.HIGH: 0.5, Band.NORMAL: 0.3, Band.LOW: 0.2}
 
@@ -287,6 +297,14 @@ def queue_too_deep(band: Band, predicted_wait_s: float, max_queue_s: float) -> b
     back, the engines' queues stay short for high traffic (the simulator's prefill budget does the
     same with a global count, docs/ADMISSION.md "Overload settings")."""
     return max_queue_s > 0 and band < Band.HIGH and predicted_wait_s > max_queue_s
+
+
+def door_wait_s(chosen_scores: Mapping[str, float], queue_signal: str) -> float | None:
+    """The predicted wait the engine-queue guard compares with its budget (`queue_too_deep`): the routing
+    decision's score named by `QUEUE_SIGNALS[queue_signal]` on the chosen worker. None when the policy
+    predicts none (round_robin, least_loaded, article): the guard skips it. The gateway's door
+    (plugin/placement.py) and the simulator's `kvgate_guard` gate (bench/sim/admission.py) both read it."""
+    return chosen_scores.get(QUEUE_SIGNALS[queue_signal])
 
 
 def default_quota(

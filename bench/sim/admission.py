@@ -9,8 +9,9 @@ the runner marks them rejected). Stable names:
   gie_shed       GIE/llm-d legacy admission: priority < 0 (Band.LOW) rejected while saturation >= 1.
   gie_flow       GIE/llm-d flow control: strict priority bands, FCFS, dispatch while saturation < 1.
   probabilistic  llm-d probabilistic admitter: Band.LOW rejected with p = min(1, 300 * sat^5).
-  kvgate_guard   the gateway's default without a quota: only the engine-queue guard at the door
-                 (policy/admission.py queue_too_deep, `[admission] max_queue_ms`).
+  kvgate_guard   the gateway without a quota: only the engine-queue guard at the door, on the routing
+                 decision (policy/admission.py door_wait_s + queue_too_deep, `[admission] max_queue_ms`
+                 and `queue_signal` at their measured setting).
   kvgate         policy/admission.py's AdmissionState, the Lua scripts' twin (quotas in seats, borrowing,
                  fair queues, aging, limits), plus the simulator's hooks (docs/ADMISSION.md, "Hooks").
   kvgate_prefill the same plus a prefill budget (PREFILL_BUDGET_PER_WORKER): a SIMULATOR-ONLY hook, the
@@ -29,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from bench.sim.cluster import NoAdmission, Verdict
+from bench.sim.policy_router import PolicyRouter
 from bench.sim.profiles import EngineProfile, prefill_time_s
 from bench.sim.types import ClusterView, Router, SimRequest
 from policy.admission import (
@@ -37,11 +39,13 @@ from policy.admission import (
     DEFAULT_SHARES,
     DEFAULT_TOKENS_PER_SEAT,
     MEASURED_MAX_QUEUE_MS,
+    MEASURED_QUEUE_SIGNAL,
     AdmissionHooks,
     AdmissionState,
     AdmitCode,
     Quota,
     default_quota,
+    door_wait_s,
     queue_limit,
     queue_too_deep,
     seat_count,
@@ -175,23 +179,31 @@ class GieFlowGate(BaseGate):
 
 
 class QueueGuardGate(BaseGate):
-    """`kvgate_guard`: what the gateway runs by default when no quota applies (no `total`, workers of
-    unknown `max_concurrency`, as in `kvgate bench live`): no seats and no queue, only the engine-queue
-    guard at the door, `policy.admission.queue_too_deep`, with the budget it was measured at (1 s; the
-    gateway's `[admission] max_queue_ms` is off unless set). The
-    predicted wait is the best worker's pending prefill at one chunk per step (`best_worker_wait`); the
-    gateway's is its routing choice's (`queue-wait`, the kvgate policy's TTFT model and lateness)."""
+    """`kvgate_guard`: what the gateway runs when no quota applies (no `total`, workers of unknown
+    `max_concurrency`, as in `kvgate bench live`): no seats and no queue, only the engine-queue guard at
+    the door with the gateway's rule, on the routing decision as the gateway reads it
+    (`policy.admission.door_wait_s` of the chosen worker's scores, `queue_too_deep`; plugin/placement.py),
+    at `[admission]`'s measured budget and signal unless given. It admits every request to routing; the
+    kvgate policies' router (bench/sim/policy_router.py) asks `refuses` after its decision and before
+    its commit (GatedRouter wires it). Routers that predict no wait (the peers, round_robin) are never
+    refused, as at the gateway."""
 
     name = "kvgate_guard"
 
-    def __init__(self, profile: EngineProfile, max_queue_s: float = MEASURED_MAX_QUEUE_MS / 1000) -> None:
+    def __init__(
+        self,
+        profile: EngineProfile,
+        max_queue_s: float = MEASURED_MAX_QUEUE_MS / 1000,
+        queue_signal: str = MEASURED_QUEUE_SIGNAL,
+    ) -> None:
         super().__init__()
         self.profile = profile
         self.max_queue_s = max_queue_s
+        self.queue_signal = queue_signal
 
-    def admit(self, req: SimRequest, cluster: ClusterView, now_s: float) -> Verdict:
-        wait_s = best_worker_wait(self.profile, req, cluster)[2]
-        return Verdict.REJECT if queue_too_deep(req.band, wait_s, self.max_queue_s) else Verdict.ADMIT
+    def refuses(self, band: Band, chosen_scores: Mapping[str, float]) -> bool:
+        wait_s = door_wait_s(chosen_scores, self.queue_signal)
+        return wait_s is not None and queue_too_deep(band, wait_s, self.max_queue_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,15 +252,7 @@ def best_worker(profile: EngineProfile, req: SimRequest, cluster: ClusterView) -
     """(uncached prompt tokens, predicted engine TTFT) on the worker where the TTFT is lowest: its
     pending prefill at one chunk per step, then this prompt's uncached part (Mooncake's queue time +
     prefill time)."""
-    uncached, ttft, _wait = best_worker_wait(profile, req, cluster)
-    return uncached, ttft
-
-
-def best_worker_wait(
-    profile: EngineProfile, req: SimRequest, cluster: ClusterView
-) -> tuple[int, float, float]:
-    """`best_worker` and, third, that worker's predicted wait before this prompt's own prefill."""
-    best: tuple[int, float, float] | None = None
+    best: tuple[int, float] | None = None
     blocks = req.block_tokens
     chunk = profile.max_num_batched_tokens
     chunk_s = prefill_time_s(profile, chunk, 0)
@@ -259,8 +263,8 @@ def best_worker_wait(
         ahead_s = cluster.pending_prefill_tokens(wid) / chunk * chunk_s
         ttft = ahead_s + prefill_time_s(profile, max(1, uncached), cached)
         if best is None or ttft < best[1]:
-            best = (uncached, ttft, ahead_s)
-    return best or (req.input_tokens, 0.0, 0.0)
+            best = (uncached, ttft)
+    return best or (req.input_tokens, 0.0)
 
 
 class SimHooks(AdmissionHooks):
@@ -451,6 +455,8 @@ class GatedRouter:
         self.inner = inner
         self.gate = gate
         self.name = inner.name
+        if isinstance(gate, QueueGuardGate) and isinstance(inner, PolicyRouter):
+            inner.door = gate.refuses  # the guard reads the decision, as the gateway's door does
 
     def route(self, req: SimRequest, cluster: ClusterView, now_s: float) -> str:
         return self.inner.route(req, cluster, now_s)

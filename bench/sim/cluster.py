@@ -29,7 +29,7 @@ from typing import Protocol, cast
 from bench.sim.engine import Engine, EngineRequest, Finished, FirstToken
 from bench.sim.hot_prefix import FlapCounter
 from bench.sim.profiles import EngineProfile
-from bench.sim.types import ClusterView, Router, Scraped, SimRequest
+from bench.sim.types import ClusterView, RefusedAtDoor, Router, Scraped, SimRequest
 from policy.types import WorkerView
 
 PHASE_ENGINE = 0
@@ -331,11 +331,19 @@ class _Run:
         if verdict is Verdict.ADMIT:
             self.dispatch(req, now)
         elif verdict is Verdict.REJECT:
-            self.records[req.id].rejected = True
-            self.flaps.reject(req)
+            self.reject(req)
+
+    def reject(self, req: SimRequest) -> None:
+        self.records[req.id].rejected = True
+        self.flaps.reject(req)
 
     def dispatch(self, req: SimRequest, now: float) -> None:
-        self.submit(req, self.router.route(req, self.cluster, now), now)
+        try:
+            wid = self.router.route(req, self.cluster, now)
+        except RefusedAtDoor:  # the engine-queue guard on the routing decision (kvgate_guard)
+            self.reject(req)
+            return
+        self.submit(req, wid, now)
 
     def submit(self, req: SimRequest, wid: str, now: float, *, routed: bool = True) -> None:
         engine = self.cluster.engines.get(wid)

@@ -31,8 +31,9 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import deque
+from collections.abc import Callable, Mapping
 
-from bench.sim.types import ClusterView, Router, SimRequest
+from bench.sim.types import ClusterView, RefusedAtDoor, Router, SimRequest
 from policy.config import RoutingConfig
 from policy.index import PrefixIndex
 from policy.kvgate import build_policy
@@ -40,7 +41,7 @@ from policy.ledger import InflightLedger
 from policy.profile import RoutingPolicy
 from policy.session import SessionTable, outcome, with_session
 from policy.state import RoutingState
-from policy.types import WorkerView
+from policy.types import Band, WorkerView
 
 _DEFAULT_INDEX_BLOCKS = 1 << 20  # until the first request tells the block size
 _EVENT_INDEX_BLOCKS = 1 << 30  # exact / oracle: the events evict, not a capacity LRU
@@ -81,6 +82,9 @@ class PolicyRouter:
         self.reasons: dict[str, int] = {}  # first words of Decision.reason -> count (for tuning reports)
         self.sessions = SessionTable(config.session.ttl_s) if sessions else None
         self.session_outcomes: dict[str, int] = {}  # policy.session.outcome -> routed requests
+        # the engine-queue guard on the decision (band, the chosen worker's scores) -> refuse; set by the
+        # `kvgate_guard` gate (bench/sim/admission.py GatedRouter), None = no guard
+        self.door: Callable[[Band, Mapping[str, float]], bool] | None = None
 
     def _size_index(self, req: SimRequest, cluster: ClusterView) -> None:
         block = max(req.block_tokens, default=0)
@@ -157,6 +161,8 @@ class PolicyRouter:
         worker = decision.worker
         if worker is None:  # every worker unhealthy or draining: the simulator has no reject path here
             worker = views[0].id
+        if self.door is not None and self.door(req.band, decision.scores.get(worker, {})):
+            raise RefusedAtDoor(req.id)  # before the commit: a refused request leaves nothing behind
         self.state.commit(view, dataclasses.replace(decision, worker=worker), now_s)
         if self.index_model == "exact":  # the commit inserted them speculatively
             self._speculative.append((now_s, worker, req.block_ids))

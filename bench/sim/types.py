@@ -97,6 +97,11 @@ class ClusterView(Protocol):
         ...
 
 
+class RefusedAtDoor(Exception):
+    """Raised by `Router.route` when the engine-queue guard refuses the request on its routing decision
+    (the gateway's 429 `queue_too_deep`: nothing is dispatched or recorded); the runner marks it rejected."""
+
+
 class Router(Protocol):
     """A routing policy in the simulator. May keep state (trees, counters); must be deterministic
     given its seed. Called in arrival order; `on_*` hooks report what happened to routed requests."""
@@ -104,7 +109,7 @@ class Router(Protocol):
     name: str
 
     def route(self, req: SimRequest, cluster: ClusterView, now_s: float) -> str:
-        """Pick the worker id for `req`."""
+        """Pick the worker id for `req` (or raise `RefusedAtDoor`)."""
         ...
 
     def on_first_token(self, req: SimRequest, worker_id: str, now_s: float) -> None: ...

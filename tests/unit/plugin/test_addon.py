@@ -321,7 +321,8 @@ async def test_ttft_slo_refuses_at_the_door_and_bounds_the_wait(gate: KvGate) ->
 
 
 @pytest.mark.parametrize(
-    ("max_queue_ms", "signal"), [(200, "lateness"), (200, "dispatched"), (0, "lateness"), (0, "dispatched")]
+    ("max_queue_ms", "signal"),
+    [(200, "lateness"), (200, "dispatched"), (0, "lateness"), (0, "dispatched")],
 )
 async def test_engine_queue_guard_refuses_below_high_at_the_door(
     redis: aioredis.Redis, redis_url: str, tmp_path: Path, max_queue_ms: int, signal: str
@@ -358,6 +359,50 @@ async def test_engine_queue_guard_refuses_below_high_at_the_door(
         assert error_of(behind) == (429, "queue_too_deep")
         assert behind.response is not None and int(behind.response.headers["retry-after"]) >= 1
         assert gate.pool is not None and gate.pool.held() == 2  # the refused request took nothing
+
+
+def _guard_config(path: Path, max_queue_ms: int, signal: str) -> Path:
+    path.write_text(
+        f'[auth]\nenabled = false\n[admission]\nmax_queue_ms = {max_queue_ms}\nqueue_signal = "{signal}"\n'
+        "[decision_log]\nredis_stream = false\n"
+    )
+    return path
+
+
+def _chat(text: str) -> dict[str, object]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4}
+
+
+@pytest.mark.parametrize("signal", ["dispatched", "dispatched_ttft"])
+async def test_dispatched_ttft_guard_refuses_a_long_miss_before_a_short_request_at_one_queue(
+    redis: aioredis.Redis, redis_url: str, tmp_path: Path, signal: str
+) -> None:
+    await registry.register(
+        redis, WorkerRecord(id="w0", model=MODEL, url="http://10.1.2.3:8000"), 60_000, wall_ms()
+    )
+    await write_quota(redis, MODEL, Quota(total=10, count_seats=False))
+    # the long prompt's own prefill on an idle w0, from a gateway that only measures it (its own ledger)
+    async with running_gate(_guard_config(tmp_path / "probe.toml", 0, signal), redis_url) as gate:
+        probe = request_flow(_chat("show me " * 20_000))
+        await run_request(gate, probe)
+        route = state_of(probe).route  # type: ignore[union-attr]
+        assert route is not None
+        own_s = route.decision.scores["w0"]["predicted-ttft"]
+    # one long prompt queued: a request behind it waits ~own_s, a long miss behind it needs ~2 x own_s
+    budget_ms = int(own_s * 1500)
+    async with running_gate(_guard_config(tmp_path / "guard.toml", budget_ms, signal), redis_url) as gate:
+        first = request_flow(_chat("tell me " * 20_000))
+        await run_request(gate, first)
+        assert first.response is None
+        short = request_flow(_chat("hello"))
+        await run_request(gate, short)
+        assert short.response is None  # its wait and its own prefill are within the budget
+        long_miss = request_flow(_chat("give me " * 20_000))
+        await run_request(gate, long_miss)
+        if signal == "dispatched":  # the same queue ahead as the short request: admitted too
+            assert long_miss.response is None
+        else:  # its own uncached prefill takes it past the budget
+            assert error_of(long_miss) == (429, "queue_too_deep")
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "soon"])

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from bench.sim.admission import (
     GATES,
     PREFILL_BUDGET_PER_WORKER,
+    GatedRouter,
     GieFlowGate,
     GieShedGate,
     KvgateConfig,
@@ -24,8 +25,9 @@ from bench.sim.admission import (
     resolve_admissions,
     saturation,
 )
-from bench.sim.cluster import Verdict
+from bench.sim.cluster import Verdict, simulate
 from bench.sim.profiles import load_profile
+from bench.sim.registry import make_router
 from bench.sim.types import Scraped, SimRequest
 from policy.admission import DEFAULT_MAX_SEATS, DEFAULT_TOKENS_PER_SEAT, default_quota
 from policy.types import Band, WorkerView
@@ -255,15 +257,34 @@ def test_kvgate_slo_aware_early_rejection() -> None:
     assert gate.admit(req(3, Band.HIGH, slo=2.0), ONE, 0.0) is Verdict.ADMIT
 
 
-def test_queue_guard_refuses_below_high_when_the_best_worker_has_more_than_the_budget_queued() -> None:
-    gate = QueueGuardGate(PROFILE, max_queue_s=1.0)
-    busy = HandCluster(ONE.scrapes, pending={"w0": 400_000})  # ~10 s of prefill ahead
-    light = HandCluster(ONE.scrapes, pending={"w0": 8_192})  # one chunk (~0.2 s) ahead
-    assert gate.admit(req(1, Band.NORMAL), busy, 0.0) is Verdict.REJECT
-    assert gate.admit(req(2, Band.LOW), busy, 0.0) is Verdict.REJECT
-    assert gate.admit(req(3, Band.HIGH), busy, 0.0) is Verdict.ADMIT  # high is never refused by it
-    assert gate.admit(req(4, Band.NORMAL), light, 0.0) is Verdict.ADMIT
-    assert QueueGuardGate(PROFILE, max_queue_s=0.0).admit(req(5, Band.LOW), busy, 0.0) is Verdict.ADMIT
+def test_queue_guard_refuses_below_high_on_the_routing_decisions_predicted_wait() -> None:
+    gate = QueueGuardGate(PROFILE, max_queue_s=1.0, queue_signal="dispatched")
+    busy = {"dispatched-wait": 1.5, "predicted-ttft": 1.6, "queue-wait": 1.5}
+    assert gate.refuses(Band.NORMAL, busy) and gate.refuses(Band.LOW, busy)
+    assert not gate.refuses(Band.HIGH, busy)  # high is never refused by it
+    short_queue_long_miss = {"dispatched-wait": 0.2, "predicted-ttft": 1.2, "queue-wait": 0.2}
+    assert not gate.refuses(Band.NORMAL, short_queue_long_miss)
+    hit_aware = QueueGuardGate(PROFILE, max_queue_s=1.0, queue_signal="dispatched_ttft")
+    assert hit_aware.refuses(Band.NORMAL, short_queue_long_miss)  # its own prefill counts
+    assert not gate.refuses(Band.NORMAL, {})  # a router that predicts no wait is never refused
+    assert not QueueGuardGate(PROFILE, max_queue_s=0.0).refuses(Band.LOW, busy)  # budget 0: off
+
+
+def test_queue_guard_refuses_on_the_kvgate_routers_decision_and_the_refused_leave_nothing() -> None:
+    # 40 misses of 8k tokens at once on 2 workers: ~0.2 s of prefill each, so the queue passes 1 s
+    reqs = [SimRequest(i, 0.001 * i, 8000, 1, (1000 + i,), (8000,), Band.NORMAL, "t") for i in range(40)]
+    gate = QueueGuardGate(PROFILE, max_queue_s=1.0, queue_signal="dispatched")
+    inner = make_router("kvgate", 1)
+    result = simulate(reqs, GatedRouter(inner, gate), PROFILE, 2, gate=gate)
+    refused = [r for r in result.records if r.rejected]
+    assert 0 < len(refused) < len(reqs)
+    assert all(r.first_token_s is None for r in refused)  # never dispatched
+    assert inner.decisions == len(reqs)  # type: ignore[attr-defined]  # decided, then refused
+    assert sum(r.first_token_s is not None for r in result.records) == len(reqs) - len(refused)
+    peers = make_router("round_robin", 1)  # predicts no wait: the guard never refuses it
+    assert not any(
+        r.rejected for r in simulate(reqs, GatedRouter(peers, gate), PROFILE, 2, gate=gate).records
+    )
 
 
 @pytest.mark.parametrize(
