@@ -213,8 +213,7 @@ class KvgatePolicy:
         tail = req.prompt_tokens - kept
         work, prefill = model.work_s(tail, kept, req.max_tokens), model.own_prefill_s(tail, kept)
         holders = sum(1 for h in hits.values() if h > 0)
-        horizon = min(c.sticky.window_s, req.prefix_age_s)  # a prefix seen for a seconds: a more to come
-        benefit = copy_benefit_s(rate, work, prefill, holders, horizon, lead)
+        benefit = copy_benefit_s(rate, work, prefill, holders, c.sticky.window_s, lead)
         new = kept - hits[w.id]  # the prefix the copy adds to w's cache (a holder adds only the tail)
         evicted = evicted_tokens(new, req.cache_fill.get(w.id, 0.0), w.capacity_tokens)
         return benefit > invest + model.own_prefill_s(evicted, 0)

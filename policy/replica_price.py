@@ -22,10 +22,11 @@ where every quantity is one the policy already has:
           request is slowed by 1 ÷ (1 − ρ) over its whole service s = `work_s`, and its TTFT over its
           prefill p = `own_prefill_s` of its tail: the TTFT part of the saving is p/s of it
   H       the prefix's holders among the candidates; the copy is the (H+1)-th
-  T       the copy's useful life: the prefix's age, at most `sticky.window_s` (the article's hold time,
-          how long a placement is kept). A prefix seen for a seconds is as likely as not to last a more
-          (the median remaining life of a process of unknown length observed at age a, Gott's rule): a
-          burst's young prompt is priced on its seconds, a steady one on the whole window
+  T       the copy's useful life, `sticky.window_s` (the article's hold time: how long a placement is
+          kept, the horizon `_replica_share` already prices a replica over). The prefix's age as the
+          horizon (a prefix seen for a seconds lasts a more, Gott's rule) was measured and not kept: it
+          priced burst's steady prompts on their first seconds and cost burst's p99 (docs/BENCHMARKS.md,
+          session 12)
   lead    the best holder's predicted TTFT minus the copy's once it holds the prefix (≥ 0)
   invest  the copy's TTFT for this request minus that TTFT with the prefix held: its prefill of the prefix
   evict   the prefill of the copy's new tokens that do not fit in the target's free KV (the router's
