@@ -16,7 +16,7 @@ POLICIES = ("kvgate", "article")
 MISS_LOAD_MODES = ("fixed", "queueing")  # scorers.ServeCost.displaced
 YOUNG_BOUNDS = ("gate", "horizon")  # how the young window's reading is bounded (policy/kvgate.py)
 YOUNG_REPLICA_GAINS = ("any", "sooner", "wait")  # what a replica priced on the young reading must offer
-PROACTIVE_WHEN = ("always", "holders_loaded")  # when a hot prefix may grow a proactive replica
+PROACTIVE_WHEN = ("always", "holders_loaded", "priced")  # when a hot prefix may grow a proactive replica
 
 
 class ConfigError(ValueError):
@@ -143,7 +143,9 @@ class ReplicaConfig:
         metadata={
             "help": "with proactive on, when a hot prefix may grow a replica: 'always', or "
             "'holders_loaded' (only while no holder serves the request with its hit sooner than its "
-            "full prefill on an idle worker, lateness included)"
+            "full prefill on an idle worker, lateness included), or 'priced' (only while what the copy "
+            "saves the prefix's later requests exceeds its prefill and the KV it evicts: "
+            "policy/replica_price.py)"
         },
     )
 

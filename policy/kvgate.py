@@ -43,6 +43,7 @@ from policy.config import RoutingConfig
 from policy.filters import Eligible, Filter, HardOverload, ReplicaCap, StickyHold
 from policy.pickers import MinCost
 from policy.profile import RoutingPolicy, run_filters
+from policy.replica_price import copy_benefit_s, evicted_tokens, unbiased_rate
 from policy.scorers import ColdStart, PredictedTtft, ServeCost, TtftModel, effective_hit_tokens
 from policy.session import CREDIT, DECIDED, SessionPreference
 from policy.types import Decision, ReasonKind, RequestView, WorkerView
@@ -126,6 +127,8 @@ class KvgatePolicy:
         bonus = c.sticky.bonus if (c.sticky.hot_bonus or not hot) else 0.0
         busy = self.cost.busy_weight(req, candidates)
         lead = self._holder_ttft(req, candidates, hits) if replicate and self._young_bounded(req) else None
+        priced = replicate and c.replicas.proactive_when == "priced"
+        best_holder = self._holder_ttft(req, candidates, hits) if priced else None
         for w in candidates:
             hit = hits[w.id]
             ttft_s, miss_s, cost_s = self.cost.parts(req, w, hit, kept[w.id], busy)
@@ -134,7 +137,10 @@ class KvgatePolicy:
                 free_ttft = self.cost.parts(req, w, kept[w.id])[0]
                 invest = ttft_s - free_ttft
                 gain = None if lead is None else self._young_gain(lead, ttft_s, free_ttft)
-                if gain is not None and gain <= 0.0:  # nothing sooner than the holder: a plain recompute
+                unpaid = best_holder is not None and not self._copy_pays(
+                    req, w, hits, kept[w.id], invest, best_holder - free_ttft
+                )
+                if unpaid or (gain is not None and gain <= 0.0):  # nothing sooner: a plain recompute
                     ttft_s, miss_s, cost_s = self.cost.parts(req, w, hit, None, busy)
                 else:
                     share = 1.0 - 1.0 / (1.0 + self._replica_share(req, hits))
@@ -195,6 +201,22 @@ class KvgatePolicy:
             if hit > 0 and model.ttft_s(w, req.prompt_tokens - hit, hit, late=True) < idle:
                 return True
         return False
+
+    def _copy_pays(
+        self, req: RequestView, w: WorkerView, hits: dict[str, int], kept: int, invest: float, lead: float
+    ) -> bool:
+        """`proactive_when = "priced"`: a copy of the prefix on `w` saves the prefix's later requests more
+        than it costs, its prefill `invest` and the KV it evicts there (policy/replica_price.py)."""
+        c, model = self.config, self.ttft.model
+        ewma = req.prefix_rate if req.prefix_rate_steady is None else req.prefix_rate_steady
+        rate = max(req.prefix_rate, unbiased_rate(ewma, req.prefix_age_s, c.rate_half_life_s))
+        tail = req.prompt_tokens - kept
+        work, prefill = model.work_s(tail, kept, req.max_tokens), model.own_prefill_s(tail, kept)
+        holders = sum(1 for h in hits.values() if h > 0)
+        benefit = copy_benefit_s(rate, work, prefill, holders, c.sticky.window_s, lead)
+        new = kept - hits[w.id]  # the prefix the copy adds to w's cache (a holder adds only the tail)
+        evicted = evicted_tokens(new, req.cache_fill.get(w.id, 0.0), w.capacity_tokens)
+        return benefit > invest + model.own_prefill_s(evicted, 0)
 
     def _holder_ttft(
         self, req: RequestView, candidates: Sequence[WorkerView], hits: dict[str, int]
@@ -271,7 +293,7 @@ class KvgatePolicy:
         holders = sum(1 for h in hits.values() if h > 0)
         if not (r.proactive and req.prefix_rate >= r.hot_rate_per_s and 0 < holders < len(hits)):
             return False
-        return r.proactive_when == "always" or not self._a_holder_serves_sooner(req, candidates)
+        return r.proactive_when != "holders_loaded" or not self._a_holder_serves_sooner(req, candidates)
 
 
 def _reason(req: RequestView, winner: str, parts: dict[str, float], narrowed: list[str]) -> str:

@@ -192,6 +192,7 @@ class RoutingState:
         sticky_since: float | None = None
         rate = 0.0
         steady_rate: float | None = None  # the plain EWMA, when the young window reads higher
+        age = 0.0
         need = self.config.min_cache_gain * prompt_tokens
         covered = sum(block_tokens)
         for i in range(len(prefix_hashes) - 1, -1, -1):
@@ -205,6 +206,7 @@ class RoutingState:
                 if c.rate_young_window_s > 0.0:
                     steady = stat.rate_at(now_s, c.rate_half_life_s)
                     steady_rate = steady if steady < rate else None
+                age = max(0.0, now_s - stat.first_s)
                 if covered_here >= need and covered_here > 0:
                     sticky_worker, sticky_since = stat.worker, stat.since_s
                 break
@@ -222,9 +224,19 @@ class RoutingState:
             sticky_since_s=sticky_since,
             prefix_rate=rate,
             prefix_rate_steady=steady_rate,
+            prefix_age_s=age,
+            cache_fill=self._cache_fill(workers),
             cluster_load=self.cluster_load(pool, now_s),
             pool_workers=pool,
         )
+
+    def _cache_fill(self, workers: Sequence[WorkerView]) -> Mapping[str, float]:
+        """The index's belief of each worker's KV fill, for `proactive_when = "priced"` only (the copy's
+        eviction cost); empty otherwise, so the default path does no per-worker work."""
+        if self.config.replicas.proactive_when != "priced":
+            return {}
+        index = self.index
+        return {w.id: index.size(w.id) / index.capacity(w.id) for w in workers}
 
     def cluster_load(self, pool_workers: int, now_s: float) -> float:
         """Engine seconds routed per second (`LoadMeter` of `TtftModel.work_s`) ÷ the pool's workers."""

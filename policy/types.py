@@ -90,6 +90,12 @@ class RequestView:
     # `PrefixStat.rate_at`); None = `prefix_rate` is the plain EWMA. The policy reads the young rate only
     # while the prefix's holders are loaded (policy/kvgate.py `KvgatePolicy.hot_evidence`)
     prefix_rate_steady: float | None = None
+    # seconds since the prefix's first request (0 = unknown): the age that unbiases its EWMA rate
+    # (policy/replica_price.py `unbiased_rate`, read by `replicas.proactive_when = "priced"`)
+    prefix_age_s: float = 0.0
+    # worker id -> share (0-1) of its KV the router's prefix index believes filled; set only for
+    # `replicas.proactive_when = "priced"` (what a copy would evict there)
+    cache_fill: Mapping[str, float] = field(default_factory=dict)
     # explicit session affinity (policy/session.py): the worker the client's session is bound to, and
     # the prompt tokens of the session's last request there (what that worker is believed to hold)
     session_worker: str | None = None

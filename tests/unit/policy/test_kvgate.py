@@ -284,6 +284,31 @@ def test_proactive_when_holders_loaded_copies_a_hot_prefix_only_once_no_holder_s
         assert d.worker == "b" and "replica" in d.reason
 
 
+def test_proactive_when_priced_copies_a_hot_prefix_only_when_its_later_requests_gain_more() -> None:
+    # the setting of the test above: a (holding the prefix) serves the request in 0.2 s, b is idle, a
+    # copy on b costs its 2 s prefill (policy/replica_price.py)
+    ttft = dataclasses.replace(CONFIG.ttft, miss_weight=1.0)
+    replicas = ReplicaConfig(hot_rate_per_s=1.0, proactive_when="priced")
+    policy = KvgatePolicy(dataclasses.replace(CONFIG, ttft=ttft, replicas=replicas))
+    free = [w("a", 200), w("b", 0, capacity_tokens=10_000)]
+    # 1 req/s with no decode: it loads a by nothing; the requests of the next 0.2 s gain 0.1 s each
+    light = req({"a": 4}, prefix_rate=1.0, prefix_age_s=60.0)
+    d = policy.decide(light, free, random.Random(0), 0.0)
+    assert d.worker == "a" and d.scores["b"]["cost"] == pytest.approx(4.0)  # a plain recompute
+    # 10 req/s decoding 1000 tokens each: 1.24+ engine-s/s, more than a can carry: b takes the copy
+    heavy = req({"a": 4}, prefix_rate=10.0, prefix_age_s=60.0, max_tokens=1000)
+    d = policy.decide(heavy, free, random.Random(0), 0.0)
+    assert d.worker == "b" and "replica" in d.reason
+    # a 2 s backlog on a: 1.5 req/s x 2 s x 2 s / 2 = 3 s saved, more than the 2 s prefill: copied...
+    backlog = [w("a", 2000), w("b", 0, capacity_tokens=10_000)]
+    steady = req({"a": 4}, prefix_rate=1.5, prefix_age_s=1e6)
+    assert policy.decide(steady, backlog, random.Random(0), 0.0).worker == "b"
+    # ...unless b's KV is full: the 2000 tokens it pushes out cost another 2 s, 4 s > 3 s
+    full = dataclasses.replace(steady, cache_fill={"a": 1.0, "b": 1.0})
+    d = policy.decide(full, backlog, random.Random(0), 0.0)
+    assert d.worker == "a" and d.scores["b"]["cost"] == pytest.approx(4.0)
+
+
 def test_proactive_when_is_validated() -> None:
     with pytest.raises(ConfigError, match="proactive_when"):
         ReplicaConfig(proactive_when="sometimes")

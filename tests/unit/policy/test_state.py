@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from policy.config import RoutingConfig
+from policy.config import ReplicaConfig, RoutingConfig
 from policy.index import PrefixIndex
 from policy.state import RoutingState
 from policy.types import Decision, WorkerView
@@ -236,3 +236,19 @@ def test_cluster_load_is_the_routed_work_per_worker_of_the_pool() -> None:
         workers=WORKERS, now_s=100.0,
     )  # fmt: skip
     assert hit.hit_tokens("a") == 500
+
+
+def test_prepare_reads_the_prefix_age_and_the_cache_fill_only_when_priced() -> None:
+    for when, fill in (("always", {}), ("priced", {"a": 0.0, "b": 0.003})):
+        state = RoutingState(RoutingConfig(replicas=ReplicaConfig(proactive_when=when)), PrefixIndex(1000))
+        route(state, [1, 2, 3], [100, 100, 50], "b", now_s=1.0)
+        view = state.prepare(
+            request_id="r2",
+            prefix_hashes=[1, 2, 3],
+            block_tokens=[100, 100, 50],
+            prompt_tokens=250,
+            workers=WORKERS,
+            now_s=3.5,
+        )
+        assert view.prefix_age_s == pytest.approx(2.5)
+        assert dict(view.cache_fill) == pytest.approx(fill)  # 3 of b's 1000 index blocks
