@@ -20,7 +20,7 @@ from bench.sim.cluster import (
 from bench.sim.load import scale_to_load
 from bench.sim.profiles import load_profile
 from bench.sim.scenarios import build_scenario
-from bench.sim.types import ClusterView, SimRequest
+from bench.sim.types import ClusterView, NoFeedback, SimRequest
 
 PROFILE = load_profile("h100-llama3.1-8b")
 
@@ -51,7 +51,7 @@ def test_event_key_order(earlier: tuple[float, int, int], later: tuple[float, in
     assert earlier < later
 
 
-class Spy:
+class Spy(NoFeedback):
     """Routes round-robin and records what it saw; checks the hooks against its own bookkeeping."""
 
     name = "spy"
@@ -233,7 +233,7 @@ def test_a_gate_may_ask_to_release_at_first_tokens(on_first_token: bool, release
     assert getattr(first, released_at) <= second.dispatch_s <= getattr(first, released_at) + 0.05
 
 
-class LeastScrapedRunning:
+class LeastScrapedRunning(NoFeedback):
     """Routes on M only: fewest running + waiting at the last scrape, ties in registry order."""
 
     name = "least_scraped"
