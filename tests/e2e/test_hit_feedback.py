@@ -3,9 +3,10 @@ from the next response's `usage.prompt_tokens_details.cached_tokens`, in Redis, 
 
 One emulated worker without KV events (the approximate index: routing history), one `kvgate proxy`.
 Two prefixes are routed to it and indexed; the worker's prefix cache is reset (as a restart would);
-the next request on the newer prefix expects a long hit and the worker reports none. The older prefix's
-entries, used before the one the worker proved missing, must leave the shared index; the reporting
-request's own blocks (its prefill cached them again) must stay.
+the next request on the newer prefix expects a long hit and the worker reports none. Every entry used
+before the newer prefix's root was last used (the older prefix, and the first request's own last
+block) must leave the shared index; the reporting request's blocks (its prefill cached them again)
+must stay.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
+from plugin.prefix_memo import hash_prompt
 from plugin.static_workers import static_worker_id
 from store import index_store
 from tests.e2e.harness import Gateway, chat, gateways, get, metric, poll, post, start_worker
@@ -41,6 +43,10 @@ async def test_a_cache_reset_is_unlearnt_from_the_next_responses_cached_tokens(
         async def indexed() -> set[int]:
             return set((await index_store.load_snapshot(redis, MODEL)).get(worker, ()))
 
+        def blocks(system: str, question: str) -> set[int]:
+            """The request's approximate prefix blocks, as the gateway hashes them (chunk_chars 512)."""
+            return set(hash_prompt(chat(MODEL, question, system=system, max_tokens=2), MODEL, 512).hashes)
+
         async def cached_tokens(system: str, question: str) -> int:
             """Ask through the gateway; the prompt tokens the worker reported cached."""
             body = chat(MODEL, question, system=system, max_tokens=2)
@@ -64,7 +70,7 @@ async def test_a_cache_reset_is_unlearnt_from_the_next_responses_cached_tokens(
                 return len(await indexed()) > len(old)
 
             await poll(newer_indexed, WAIT_S, "the newer prefix indexed", interval_s=0.05)
-            new = await indexed() - old
+            assert old == blocks(older, "first") and await indexed() == old | blocks(newer, "first")
             assert await cached_tokens(newer, "second") > 0  # the hit the index expected: nothing to unlearn
             assert old <= await indexed()
 
@@ -76,7 +82,10 @@ async def test_a_cache_reset_is_unlearnt_from_the_next_responses_cached_tokens(
                 return not old & await indexed()
 
             await poll(unlearnt, WAIT_S, "the older prefix's entries removed from Redis", interval_s=0.05)
-            assert new <= await indexed()  # the reporting request's own blocks stay: its prefill cached them
+            reporter = blocks(newer, "third")
+            assert reporter <= await indexed()  # its prefill cached them again
+            first_tail = blocks(newer, "first") - reporter  # its own user message, used before the evidence
+            assert first_tail and not first_tail & await indexed()
             _, text = await get(f"{gw.metrics_url}/metrics")
             dropped = metric(text.decode(), "kvgate_index_unlearnt_entries_total", model=MODEL, worker=worker)
             assert dropped is not None and dropped >= len(old)
