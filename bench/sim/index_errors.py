@@ -8,7 +8,8 @@ than one block more than its engine did: what a short cached-tokens report revea
 end) and `unseen holder` (another worker's engine held more than one block more than the chosen one,
 and the index knew of no worker holding more than it expected on the chosen one: what only the engines'
 events reveal, e.g. caches filled by traffic that bypassed the router). For `feedback`, also how many
-reports dropped entries, and for a scenario with a restart, when the first report after it arrived.
+reports dropped entries, and for a scenario with a restart, when the first report after it arrived;
+`--tail N` lists each model's N slowest first tokens.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--limit", type=int)
+    parser.add_argument("--tail", type=int, default=0, help="also list the N slowest first tokens")
     parser.add_argument("--profile", default="h100-llama3.1-8b")
     args = parser.parse_args(argv)
     profile = load_profile(args.profile)
@@ -85,6 +87,14 @@ def main(argv: list[str]) -> int:
                     f"; first after the restart: arrived {after[0][0]:.2f} s, reported {after[0][1]:.2f} s"
                 )
         print(line, flush=True)
+        slowest = sorted(
+            records, key=lambda r: -1 if r.first_token_s is None else r.first_token_s - r.arrival_s
+        )
+        for r in reversed(slowest[-args.tail :] if args.tail else []):
+            assert r.first_token_s is not None
+            ttft = r.first_token_s - r.arrival_s
+            print(f"    ttft {ttft:.2f} s: arrived {r.arrival_s:.2f} s on {r.worker}, "
+                  f"cached {r.cached_tokens} of {r.input_tokens} tokens")  # fmt: skip
     return 0
 
 

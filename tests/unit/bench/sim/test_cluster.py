@@ -110,6 +110,28 @@ def test_finish_at_the_arrival_instant_is_seen_by_that_arrival() -> None:
     assert spy.seen[1][1] == {"w0": 0}  # ENGINE phase runs before ARRIVAL at the same time
 
 
+class UsageSpy(Spy):
+    """Records each usage report: (request id, when, cached tokens)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.usage: list[tuple[int, float, int]] = []
+
+    def on_usage(self, r: SimRequest, worker_id: str, cached_tokens: int, now_s: float) -> None:
+        self.usage.append((r.id, now_s, cached_tokens))
+
+
+def test_usage_comes_with_the_responses_end_and_the_engines_cached_tokens() -> None:
+    shared = (1, 2, 3, 4)
+    reqs = [req(0, 0.0, (*shared, 10), inp=2300), req(1, 5.0, (*shared, 11), inp=2300)]
+    spy = UsageSpy()
+    result = simulate(reqs, spy, PROFILE, 1)
+    assert spy.usage == [
+        (r.id, r.finish_s, r.cached_tokens) for r in result.records
+    ]  # at the end, not the first token
+    assert spy.usage[1][2] == 4 * 512  # the second request hit the shared blocks
+
+
 def test_cache_hits_come_from_the_engine() -> None:
     shared = (1, 2, 3, 4)
     reqs = [req(0, 0.0, (*shared, 10), inp=2300), req(1, 5.0, (*shared, 11), inp=2300)]
