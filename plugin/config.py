@@ -257,6 +257,9 @@ class RoutingSection:
     # a routed request whose prefix blocks cover fewer tokens writes no index entry (short prefixes are
     # cheap to prefill again; keeps the per-worker summaries small); 0 = every prefix
     index_min_prefix_tokens: int = 0
+    # hit feedback (policy/feedback.py): a worker reporting fewer cached prompt tokens than the index
+    # expected drops its entries older than the first block it missed, here and in Redis
+    hit_feedback: bool = False
     # fleets above candidates_limit workers: a decision scores the prefix's holders (at most that many)
     # plus candidates_sample random others, not every worker (policy/candidates.py; docs/ROUTING.md)
     candidates_limit: int = 64

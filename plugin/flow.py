@@ -82,6 +82,9 @@ class Route:
     # which index entries the chosen worker's prefix match rested on, at decision time:
     # exact (KV events) | speculative (routed, not yet confirmed) | approximate (routing history) | none
     index_kind: str = "none"
+    # hit feedback: when the index last saw each block it expected the worker to hold used there, read
+    # before this route's commit (RoutingState.hit_expectation); () = nothing the usage could contradict
+    expected_touched_s: Sequence[float] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -258,6 +258,8 @@ estimated_cached  counter   kvgate_estimated_cached_tokens_total  model worker a
     Prompt tokens the gateway expected the chosen worker to have cached (its index hit share of the prompt).
 actual_cached     counter   kvgate_worker_cached_tokens_total     model worker arm
     Prompt tokens the worker reported cached (usage.prompt_tokens_details), by worker.
+index_unlearnt    counter   kvgate_index_unlearnt_entries_total   model worker
+    Index entries hit feedback dropped: the worker reported fewer cached tokens than expected.
 reachable_blocks  counter   kvgate_prefix_reachable_blocks_total  model arm
     Best prefix hit (blocks) any candidate worker had, summed over routed requests.
 achieved_blocks   counter   kvgate_prefix_achieved_blocks_total   model arm
@@ -320,6 +322,7 @@ class GatewayMetrics:
     duration: Histogram
     estimated_cached: Counter
     actual_cached: Counter
+    index_unlearnt: Counter
     reachable_blocks: Counter
     achieved_blocks: Counter
     worker_inflight: Gauge

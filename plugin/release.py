@@ -189,6 +189,10 @@ class Release:
                 record["cached_tokens"] = usage.cached_tokens
                 metrics.cached_tokens.inc(model, arm, by=usage.cached_tokens)
                 metrics.actual_cached.inc(model, route.worker.id, arm, by=usage.cached_tokens)
+            if usage.prompt_tokens is not None and ctx.config.routing.hit_feedback:
+                unlearnt = ctx.router.hit_feedback(route, usage.prompt_tokens, usage.cached_tokens)
+                if unlearnt:
+                    record["index_unlearnt"] = unlearnt
         ctx.decisions.record(record, _blocks(state))  # prefix_hashes and block_tokens: encoded apart
 
     def _common_record(self, state: FlowState, status: int, error: str) -> dict[str, Any]:

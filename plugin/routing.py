@@ -5,7 +5,9 @@
 accounting (requests in flight and prompt tokens awaiting their first token, per worker). A
 decision reads only memory: the mirror's workers (plugin/mirror.py) and this state. After a
 decision the request's prefix blocks go to Redis in a batched background writer (approximate
-mode), so other gateways learn the placement without this request waiting for it.
+mode), so other gateways learn the placement without this request waiting for it. With
+`routing.hit_feedback`, a response whose usage reports fewer cached tokens than the index expected
+removes the worker's entries it proves stale (policy/feedback.py), in the mirror and in Redis.
 
 Exact mode (per model, `prefix_mode = "exact"`): before admission, `exact_prompt` replaces the
 request's text-chunk hashes by token-block hashes of its token ids (plugin/tokenize.py: the worker's
@@ -45,6 +47,7 @@ from policy.ab import CANDIDATE_ARM, DEFAULT_ARM, arm_of
 from policy.baselines import least_loaded, round_robin
 from policy.candidates import candidate_indices
 from policy.config import RoutingConfig
+from policy.feedback import scaled_cached_tokens
 from policy.index import PrefixIndex
 from policy.kvgate import build_policy
 from policy.ledger import InflightLedger
@@ -206,6 +209,10 @@ class Router:
         self._sample_rng = random.Random(section.seed + 1)  # its own: the policy's draws stay as they were
         self._upstreams: dict[str, Upstream] = {}
         self._pending_index: dict[tuple[str, str], tuple[int, list[int]]] = {}
+        # hit feedback for Redis: (model, worker) -> (entries used before this ms are stale, the reporting
+        # requests' own blocks, which their prefill cached again)
+        self._pending_forget: dict[tuple[str, str], tuple[int, set[int]]] = {}
+        self._reports_cached: set[tuple[str, str]] = set()  # (model, worker) whose usage had a cached count
         # an OrderedDict, not a cachetools cache: it is read once per prefix block of every request,
         # and cachetools' Python-level get/contains cost ~3 calls each (+5% hook CPU, bench.hook_cost)
         self._published: dict[tuple[str, str], OrderedDict[int, float]] = {}
@@ -365,6 +372,8 @@ class Router:
         """Write the routing history: prefix index (approximate mode, or in exact mode a worker without KV
         events), stickiness, prefix rate."""
         routing = self.models.get(route.model) or self.model(route.model)
+        if self.section.hit_feedback:  # the evidence its usage will be checked against, before the commit
+            route.expected_touched_s = routing.state.hit_expectation(route.view, route.worker.id)
         routing.state.commit(route.view, route.decision, time.monotonic())
         if (
             self.section.write_index
@@ -417,6 +426,43 @@ class Router:
             (self.models.get(route.model) or self.model(route.model)).ledger.first_token(
                 route.view.id, time.monotonic()
             )
+
+    def hit_feedback(self, route: Route, prompt_tokens: int, cached_tokens: int | None) -> int:
+        """The route's worker reported `cached_tokens` of its `prompt_tokens` cached (its usage): forget the
+        entries this proves stale (policy/feedback.py), in the mirror at once and in Redis by the batched
+        writer, so every gateway unlearns them. Returns how many entries the mirror dropped.
+
+        vLLM omits `prompt_tokens_details` when nothing was cached (and always without
+        --enable-prompt-tokens-details): a usage without it means 0 from a worker that reported a
+        cached count before, and nothing from one that never did."""
+        expected, route.expected_touched_s = route.expected_touched_s, ()
+        reporter = (route.model, route.worker.id)
+        if cached_tokens is not None:
+            self._reports_cached.add(reporter)
+        elif reporter in self._reports_cached:
+            cached_tokens = 0
+        if not expected or cached_tokens is None:
+            return 0
+        view = route.view
+        cached = scaled_cached_tokens(cached_tokens, prompt_tokens, view.prompt_tokens)
+        routing = self.models.get(route.model) or self.model(route.model)
+        stale = routing.state.hit_feedback(route.worker.id, expected, cached, view.block_tokens)
+        if stale is None:
+            return 0
+        before_s, dropped = stale
+        if self.section.write_index and self.redis is not None:
+            # Redis scores are wall-clock ms: the same instant, `now - before_s` ago
+            before_ms = int((time.time() - (time.monotonic() - before_s)) * 1000)
+            key = (route.model, route.worker.id)
+            pending = self._pending_forget.get(key)
+            if pending is None:
+                self._pending_forget[key] = (before_ms, set(view.prefix_hashes))
+            else:  # several reports in one batch: the latest evidence, and every reporter's own blocks
+                self._pending_forget[key] = (max(before_ms, pending[0]), pending[1] | set(view.prefix_hashes))
+            self._wake.set()
+        if self.metrics is not None and dropped:
+            self.metrics.index_unlearnt.inc(route.model, route.worker.id, by=len(dropped))
+        return len(dropped)
 
     def finished(self, route: Route) -> None:
         """The route's request ended (any way) or gave its reservation back."""
@@ -482,6 +528,12 @@ class Router:
             await self._wake.wait()
             self._wake.clear()
             await asyncio.sleep(INDEX_BATCH_S)  # batch what arrives meanwhile
+            forget, self._pending_forget = self._pending_forget, {}
+            for (model, worker), (before_ms, keep) in forget.items():  # before this batch's adds
+                try:
+                    await index_store.forget_before(self.redis, model, worker, before_ms, list(keep))
+                except (RedisError, OSError) as e:
+                    logger.warning("hit feedback for %s/%s failed: %s", model, worker, e)
             batch, self._pending_index = self._pending_index, {}
             now_ms = int(time.time() * 1000)
             for (model, worker), (capacity, hashes) in batch.items():

@@ -8,6 +8,8 @@ KV capacity), plus the reverse map hash → workers that `match` walks.
                   miss, the walk stops as soon as no worker holds block i (cost O(matched blocks × holders)).
   insert(w, hs)   touch tail-first, so the root blocks of a chain are the most recently used and a chain
                   is evicted from its tail (vLLM evicts the deeper block first on ties, ENGINE.md §3).
+  forget_before(w, t)  drop w's entries last touched before t (hit feedback: policy/feedback.py says
+                  which t the engine's reported cached tokens prove stale; `touched_s` reads the times).
 
 Memory: at most Σ capacity(w) entries (each held once per worker in the LRU and once in the reverse map),
 plus for an exact worker up to as many speculative entries again: they do not evict the blocks its
@@ -44,7 +46,7 @@ class PrefixIndex:
         self.default_capacity_blocks = default_capacity_blocks
         self.speculative_ttl_s = speculative_ttl_s
         self._capacity: dict[str, int] = {}
-        self._lru: dict[str, OrderedDict[int, float]] = {}  # worker -> hash -> when entered (s), LRU order
+        self._lru: dict[str, OrderedDict[int, float]] = {}  # worker -> hash -> last touched (s), LRU order
         self._holders: dict[int, set[str]] = {}
         self._kind: dict[str, str] = {}  # worker -> "exact" (publishes KV events); absent = approximate
         self._speculative: dict[str, dict[int, float]] = {}  # exact worker -> unconfirmed hash -> expiry
@@ -108,6 +110,18 @@ class PrefixIndex:
             return "speculative"
         return "exact"
 
+    def touched_s(self, worker: str, hashes: Sequence[int]) -> list[float]:
+        """When each leading block of `hashes` was last touched on `worker`, up to its first absent one."""
+        lru = self._lru.get(worker)
+        out: list[float] = []
+        if lru:
+            for h in hashes:
+                at = lru.get(h)
+                if at is None:
+                    break
+                out.append(at)
+        return out
+
     def speculative_size(self, worker: str) -> int:
         return len(self._speculative.get(worker, ()))
 
@@ -168,7 +182,8 @@ class PrefixIndex:
             lru = self._lru[worker] = OrderedDict()
         for h in reversed(hashes):
             if h in lru:
-                lru.move_to_end(h)  # (its value, the time it was first entered, is not read)
+                lru.move_to_end(h)
+                lru[h] = now_s  # last touch: hit feedback drops the entries older than a missed block
             else:
                 self._holders.setdefault(h, set()).add(worker)
                 lru[h] = now_s
@@ -186,6 +201,25 @@ class PrefixIndex:
                 self._drop_holder(h, worker)
                 if unconfirmed:
                     unconfirmed.pop(h, None)
+
+    def forget_before(self, worker: str, before_s: float) -> list[int]:
+        """Forget `worker`'s entries last touched before `before_s` (hit feedback, policy/feedback.py):
+        the LRU's oldest first, so this costs the entries dropped. Returns their hashes."""
+        lru = self._lru.get(worker)
+        dropped: list[int] = []
+        if not lru:
+            return dropped
+        unconfirmed = self._speculative.get(worker)
+        while lru:
+            h, at = next(iter(lru.items()))
+            if at >= before_s:
+                break
+            del lru[h]
+            self._drop_holder(h, worker)
+            if unconfirmed:
+                unconfirmed.pop(h, None)
+            dropped.append(h)
+        return dropped
 
     def clear(self, worker: str) -> None:
         """Forget everything `worker` held (it left, restarted or reported `AllBlocksCleared`)."""

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from policy.config import RoutingConfig
+from policy.feedback import SLACK_BLOCKS, stale_before
 from policy.index import PrefixIndex
 from policy.scorers import TtftModel
 from policy.types import Band, Decision, RequestView, WorkerView
@@ -158,6 +159,30 @@ class RoutingState:
         """A worker left (lease expired, removed): drop its index entries and join time."""
         self.index.clear(worker)
         self.joined.pop(worker, None)
+
+    def hit_expectation(self, view: RequestView, worker: str) -> list[float]:
+        """Call before `commit`: the evidence hit feedback needs (policy/feedback.py), when the index last
+        saw each block it expects `worker` to hold used there. Empty for an exact worker (its KV events
+        correct it) and for an expected hit within the feedback's slack (a report cannot contradict it)."""
+        blocks = view.prefix_hits.get(worker, 0)
+        if blocks <= SLACK_BLOCKS or self.index.kind(worker) != "approximate":
+            return []
+        return self.index.touched_s(worker, view.prefix_hashes[:blocks])
+
+    def hit_feedback(
+        self,
+        worker: str,
+        expected_touched_s: Sequence[float],
+        cached_tokens: int,
+        block_tokens: Sequence[int],
+    ) -> tuple[float, list[int]] | None:
+        """The engine reported `cached_tokens` for a request routed to `worker` with `hit_expectation`
+        `expected_touched_s`: forget the entries the report proves stale. None when it agrees with the
+        index, else (the index time before which `worker`'s entries were stale, the hashes dropped)."""
+        if not expected_touched_s:
+            return None
+        before = stale_before(cached_tokens, block_tokens, expected_touched_s)
+        return None if before is None else (before, self.index.forget_before(worker, before))
 
     def worth_indexing(self, block_tokens: Sequence[int]) -> bool:
         """Whether a prefix of these blocks is long enough to index (`min_index_tokens`)."""

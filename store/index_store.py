@@ -1,7 +1,8 @@
 """The Redis side of the shared prefix -> worker index.
 
-Writers: gateways in approximate mode (blocks of a request they just routed) and agents in exact mode
-(blocks from the worker's KV events). Readers: every gateway keeps an in-process mirror (load a
+Writers: gateways in approximate mode (blocks of a request they just routed, and with hit feedback the
+removal of a worker's entries its engine's reported cached tokens proved stale) and agents in exact
+mode (blocks from the worker's KV events). Readers: every gateway keeps an in-process mirror (load a
 snapshot once, then `tail` the log), so a routing decision costs no Redis round trip.
 
 Layout (docs/REDIS.md), all under the model's hash tag:
@@ -80,6 +81,7 @@ class IndexOp:
 _ADD = load("index_add.lua", prelude="index_common.lua")
 _REMOVE = load("index_remove.lua", prelude="index_common.lua")
 _CLEAR = load("index_clear.lua", prelude="index_common.lua")
+_FORGET_BEFORE = load("index_forget_before.lua", prelude="index_common.lua")
 
 
 async def _eval(redis: aioredis.Redis, script: LuaScript, keys_: Sequence[str], args: Sequence[Any]) -> Any:
@@ -126,6 +128,17 @@ async def remove_blocks(redis: aioredis.Redis, model: str, worker: str, hashes: 
     members = [to_hex(h) for h in hashes]
     return int(
         await _eval(redis, _REMOVE, _keys(model, worker), (worker, LOG_MAXLEN, ",".join(members), *members))
+    )
+
+
+async def forget_before(
+    redis: aioredis.Redis, model: str, worker: str, before_ms: int, keep: Sequence[int] = ()
+) -> int:
+    """Drop `worker`'s entries last used before `before_ms` except `keep` (hit feedback: the reporting
+    request's own blocks, which its prefill cached again); returns how many."""
+    kept = [to_hex(h) for h in keep]
+    return int(
+        await _eval(redis, _FORGET_BEFORE, _keys(model, worker), (worker, LOG_MAXLEN, before_ms, *kept))
     )
 
 

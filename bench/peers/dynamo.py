@@ -30,7 +30,7 @@ import random
 from dataclasses import dataclass
 
 from bench.peers.common import cumulative_tokens
-from bench.sim.types import ClusterView, SimRequest
+from bench.sim.types import ClusterView, NoFeedback, SimRequest
 
 BLOCK_SIZE = 64
 OVERLAP_SCORE_WEIGHT = 1.0
@@ -43,7 +43,7 @@ class _Active:
     blocks: list[tuple[int, int]]  # (block id, engine blocks) referenced on the worker
 
 
-class DynamoRouter:
+class DynamoRouter(NoFeedback):
     """argmin of `overlap_score_weight * prefill_blocks + decode_blocks` over workers."""
 
     name = "dynamo"

@@ -34,7 +34,7 @@ import random
 from collections.abc import Sequence
 
 from bench.peers.common import cumulative_tokens
-from bench.sim.types import ClusterView, SimRequest
+from bench.sim.types import ClusterView, NoFeedback, SimRequest
 
 STALE_AFTER_S = 0.2
 INDEX_BLOCK_TOKENS = 16  # 64 chars at 4 chars/token
@@ -102,7 +102,7 @@ class ApproxPrefixIndex:
         return key in self._lru.get(pod, {})
 
 
-class LlmdRouter:
+class LlmdRouter(NoFeedback):
     """Filter stale pods, score queue / kv / prefix, pick the max (seeded random ties)."""
 
     def __init__(self, name: str, precise: bool, weights: dict[str, float], rng: random.Random) -> None:

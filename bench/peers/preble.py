@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from bench.peers.preble_cost import TPOT_HISTORY, TPOT_INIT_S, GpuCosts
 from bench.peers.preble_tree import Node, PrefixTree, Stats, node_key
 from bench.sim.profiles import load_profile, prefill_time_s
-from bench.sim.types import ClusterView, SimRequest
+from bench.sim.types import ClusterView, NoFeedback, SimRequest
 
 __all__ = [
     "TPOT_HISTORY",
@@ -75,7 +75,7 @@ class _Routed:
     first_token_s: float | None = None
 
 
-class PrebleRouter:
+class PrebleRouter(NoFeedback):
     """Preble E2 with incremental per-GPU costs."""
 
     name = "preble"

@@ -469,6 +469,9 @@ class GatedRouter:
         self.inner.on_finish(req, worker_id, now_s)
         self.gate.on_finish(req, worker_id, now_s)
 
+    def on_usage(self, req: SimRequest, worker_id: str, cached_tokens: int, now_s: float) -> None:
+        self.inner.on_usage(req, worker_id, cached_tokens, now_s)
+
 
 GateFactory = Callable[[EngineProfile, int, int], BaseGate]  # (profile, workers, seed) -> gate
 

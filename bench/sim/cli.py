@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--index",
-        help="index models for kvgate/article, comma-separated (exact,approx,oracle): one run each, "
+        help="index models for kvgate/article, comma-separated (exact,approx,oracle,feedback): one run each, "
         '"index" in results.json',
     )
     p.add_argument("--profile", default="h100-llama3.1-8b", help="engine profile (default h100-llama3.1-8b)")

@@ -372,7 +372,8 @@ class _Run:
         else:
             record.finish_s = event.at_s
             self.cluster.on_finish(wid)
-            if not req.bypass:
+            if not req.bypass:  # the usage (cached tokens) comes with the response's end
+                self.router.on_usage(req, wid, record.cached_tokens, event.at_s)
                 self.router.on_finish(req, wid, event.at_s)
             self.finished_since_release = True
 

@@ -18,6 +18,10 @@ Index models (`index`, `kvgate bench sim --index exact,approx,oracle`, docs/SIMU
           happen, plus speculative entries for a routed request's blocks that expire after
           `speculative_ttl_s` unless an event confirmed them (the gateway's exact mode, docs/ROUTING.md);
   oracle  the engines' true caches at routing time (events applied at once, no speculation).
+  feedback  approx corrected by hit feedback (policy/feedback.py): each response's usage reports the
+          prompt tokens the engine found cached, delivered when the gateway sees it (with the
+          response's end), and a report short of the index's expectation drops the worker's entries
+          older than the first block it missed. What a gateway can do without KV events.
 
 Sessions (`sessions=True`, the `kvgate_session` policy): the clients send their session ids (a WEKA
 conversation is one session, closed by its last call), and the router keeps their bindings in a
@@ -45,7 +49,7 @@ from policy.types import Band, WorkerView
 
 _DEFAULT_INDEX_BLOCKS = 1 << 20  # until the first request tells the block size
 _EVENT_INDEX_BLOCKS = 1 << 30  # exact / oracle: the events evict, not a capacity LRU
-INDEX_MODELS = ("approx", "exact", "oracle")
+INDEX_MODELS = ("approx", "exact", "oracle", "feedback")
 
 
 class PolicyRouter:
@@ -66,11 +70,11 @@ class PolicyRouter:
         self.name = name
         self.config = config
         self.index_model = index
-        self.wants_kv_events = index != "approx"
+        self.wants_kv_events = index in ("exact", "oracle")
         self.event_delay_s = event_delay_s if index == "exact" else 0.0
         self.speculative_ttl_s = speculative_ttl_s
         self.policy: RoutingPolicy = build_policy(config)
-        blocks = _DEFAULT_INDEX_BLOCKS if index == "approx" else _EVENT_INDEX_BLOCKS
+        blocks = _EVENT_INDEX_BLOCKS if self.wants_kv_events else _DEFAULT_INDEX_BLOCKS
         self.state = RoutingState(config, PrefixIndex(blocks), insert_on_commit=index != "oracle")
         self._events: deque[tuple[float, str, str, list[object]]] = deque()  # (at, worker, kind, keys)
         self._held: dict[str, set[object]] = {}  # worker -> keys its events say it holds
@@ -85,6 +89,10 @@ class PolicyRouter:
         # the engine-queue guard on the decision (band, the chosen worker's scores) -> refuse; set by the
         # `kvgate_guard` gate (bench/sim/admission.py GatedRouter), None = no guard
         self.door: Callable[[Band, Mapping[str, float]], bool] | None = None
+        self.hit_feedback = index == "feedback"
+        self._expected: dict[int, list[float]] = {}  # request id -> its hit expectation (policy/state.py)
+        self.feedback_misses = 0  # reports that proved entries stale
+        self.feedback_dropped = 0  # index entries they dropped
 
     def _size_index(self, req: SimRequest, cluster: ClusterView) -> None:
         block = max(req.block_tokens, default=0)
@@ -163,6 +171,10 @@ class PolicyRouter:
             worker = views[0].id
         if self.door is not None and self.door(req.band, decision.scores.get(worker, {})):
             raise RefusedAtDoor(req.id)  # before the commit: a refused request leaves nothing behind
+        if self.hit_feedback:
+            expected = self.state.hit_expectation(view, worker)
+            if expected:
+                self._expected[req.id] = expected
         self.state.commit(view, dataclasses.replace(decision, worker=worker), now_s)
         if self.index_model == "exact":  # the commit inserted them speculatively
             self._speculative.append((now_s, worker, req.block_ids))
@@ -177,6 +189,14 @@ class PolicyRouter:
 
     def on_first_token(self, req: SimRequest, worker_id: str, now_s: float) -> None:
         self.ledger.first_token(str(req.id), now_s)
+
+    def on_usage(self, req: SimRequest, worker_id: str, cached_tokens: int, now_s: float) -> None:
+        expected = self._expected.pop(req.id, None)
+        if expected is not None:
+            stale = self.state.hit_feedback(worker_id, expected, cached_tokens, req.block_tokens)
+            if stale is not None:
+                self.feedback_misses += 1
+                self.feedback_dropped += len(stale[1])
 
     def on_finish(self, req: SimRequest, worker_id: str, now_s: float) -> None:
         self.ledger.finish(str(req.id), now_s)

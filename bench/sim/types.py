@@ -116,9 +116,17 @@ class Router(Protocol):
 
     def on_finish(self, req: SimRequest, worker_id: str, now_s: float) -> None: ...
 
+    def on_usage(self, req: SimRequest, worker_id: str, cached_tokens: int, now_s: float) -> None:
+        """The response's usage came back (at its end: a non-streamed body, or a stream's final chunk)
+        with the prompt tokens the engine found cached (`usage.prompt_tokens_details.cached_tokens`)."""
+        ...
+
 
 class NoFeedback:
     """For routers that keep no per-request state: the `Router` feedback hooks do nothing."""
+
+    def on_usage(self, req: SimRequest, worker_id: str, cached_tokens: int, now_s: float) -> None:
+        pass
 
     def on_first_token(self, req: SimRequest, worker_id: str, now_s: float) -> None:
         pass

@@ -83,6 +83,7 @@ ADDED = [
     ("kvgate_worker_inflight_requests", "gauge", ("model", "worker")),
     ("kvgate_worker_kv_usage_ratio", "gauge", ("model", "worker")),
     ("kvgate_worker_lease_age_seconds", "gauge", ("model", "worker")),
+    ("kvgate_index_unlearnt_entries_total", "counter", ("model", "worker")),  # session 12: hit feedback
 ]
 
 

@@ -226,3 +226,31 @@ async def test_record_soon_writes_the_routing_history_once_the_loop_runs_again()
     await asyncio.sleep(0)
     hits = state.index.match(chosen.view.prefix_hashes)
     assert hits == {chosen.worker.id: len(chosen.view.prefix_hashes)}
+
+
+def test_hit_feedback_unlearns_older_entries_and_reads_a_missing_count_as_zero_once_reported() -> None:
+    router = Router(RoutingSection(chunk_chars=256, hit_feedback=True))
+    one = [WORKERS[0]]
+    old = route(router, "old", system="Tenant A. " * 200, workers=one)
+    assert old is not None and len(old.view.prefix_hashes) > 2
+    first = route(router, "new", system="Tenant B. " * 200, workers=one)
+    assert first is not None and not first.expected_touched_s  # nothing expected yet
+    again = route(router, "again", system="Tenant B. " * 200, workers=one)
+    assert again is not None and len(again.expected_touched_s) > 2
+    index = router.model(MODEL).state.index
+    # a worker that never reported a cached count: a usage without one proves nothing
+    assert router.hit_feedback(again, 1000, None) == 0
+    assert index.match(old.view.prefix_hashes) == {"w0": len(old.view.prefix_hashes)}
+    later = route(router, "later", system="Tenant B. " * 200, workers=one)
+    assert later is not None
+    assert router.hit_feedback(later, 1000, 990) == 0  # the hit it expected: nothing unlearnt
+    last = route(router, "last", system="Tenant B. " * 200, workers=one)
+    assert last is not None
+    # it reported counts before, so no count (vLLM omits prompt_tokens_details at 0) is a reset
+    # (every entry used before the missed root's last use: the older prefix, and the tails of the earlier
+    # requests on this one, their own user messages)
+    tails = {h for r in (first, again) for h in r.view.prefix_hashes} - set(later.view.prefix_hashes)
+    assert tails
+    assert router.hit_feedback(last, 1000, None) == len(old.view.prefix_hashes) + len(tails)
+    assert index.match(old.view.prefix_hashes) == {}
+    assert index.match(last.view.prefix_hashes) == {"w0": len(last.view.prefix_hashes)}

@@ -79,3 +79,24 @@ def test_kvgate_session_keeps_bindings_for_the_sessions_and_closes_them() -> Non
     assert len(router.sessions) == 0  # both closed by their last call
     plain, _ = run(make_router("kvgate", 1), reqs)
     assert plain == workers  # the index knew as much: the credit never changed a route here
+
+
+def test_feedback_index_unlearns_a_restart_from_the_next_report() -> None:
+    """`kvgate@feedback`: the first request after w0's restart expects a hit, w0 reports none, and the
+    older prefix w0 was believed to hold leaves the index; plain `approx` keeps believing it."""
+
+    def request(i: int, at: float, prefix: int, restart: bool = False) -> SimRequest:
+        ids = (prefix, prefix + 1, prefix + 2, prefix + 3, 1000 + i)
+        return SimRequest(
+            i, at, 2100, 8, ids, (512, 512, 512, 512, 52), restart_before=("w0",) if restart else ()
+        )
+
+    reqs = [request(0, 0.0, 10), request(1, 1.0, 20), request(2, 2.0, 20, restart=True), request(3, 3.0, 30)]
+    held = {}
+    for index in ("approx", "feedback"):
+        router = make_router(f"kvgate@{index}", 1)
+        assert isinstance(router, PolicyRouter)
+        result = simulate(reqs, router, PROFILE, 1)
+        assert result.records[2].cached_tokens == 0  # the restart emptied w0's cache
+        held[index] = router.state.index.match((10, 11, 12, 13)).get("w0", 0)
+    assert held == {"approx": 4, "feedback": 0}

@@ -62,6 +62,22 @@ async def test_remove_and_clear(redis: aioredis.Redis) -> None:
     assert await index_store.load_snapshot(redis, MODEL) == {"w2": [4]}
 
 
+async def test_forget_before_drops_entries_used_before_and_logs_them(redis: aioredis.Redis) -> None:
+    await index_store.add_blocks(redis, MODEL, "w1", [1, 2], now_ms=1000)
+    await index_store.add_blocks(redis, MODEL, "w1", [3], now_ms=2000)
+    await index_store.add_blocks(redis, MODEL, "w2", [1], now_ms=1000)
+    cursor = await index_store.log_cursor(redis, MODEL)
+    assert await index_store.forget_before(redis, MODEL, "w1", 2000) == 2
+    assert await index_store.load_snapshot(redis, MODEL) == {"w1": [3], "w2": [1]}  # w2 is not w1
+    _, ops = await index_store.tail(redis, MODEL, cursor)
+    assert [(op.op, op.worker, sorted(op.hashes)) for op in ops] == [("remove", "w1", [1, 2])]
+    assert await index_store.forget_before(redis, MODEL, "w1", 2000) == 0  # nothing older: nothing logged
+    assert (await index_store.tail(redis, MODEL, cursor))[1] == ops
+    await index_store.add_blocks(redis, MODEL, "w1", [4, 5], now_ms=2500)
+    assert await index_store.forget_before(redis, MODEL, "w1", 3000, keep=[4]) == 2  # 3 and 5; 4 is kept
+    assert await index_store.load_snapshot(redis, MODEL) == {"w1": [4], "w2": [1]}
+
+
 async def test_tail_returns_ops_in_order_including_trim_evictions(redis: aioredis.Redis) -> None:
     cursor = await index_store.log_cursor(redis, MODEL)
     assert cursor == "0-0@0"

@@ -20,7 +20,7 @@ from bench.sim.cluster import (
 from bench.sim.load import scale_to_load
 from bench.sim.profiles import load_profile
 from bench.sim.scenarios import build_scenario
-from bench.sim.types import ClusterView, SimRequest
+from bench.sim.types import ClusterView, NoFeedback, SimRequest
 
 PROFILE = load_profile("h100-llama3.1-8b")
 
@@ -51,7 +51,7 @@ def test_event_key_order(earlier: tuple[float, int, int], later: tuple[float, in
     assert earlier < later
 
 
-class Spy:
+class Spy(NoFeedback):
     """Routes round-robin and records what it saw; checks the hooks against its own bookkeeping."""
 
     name = "spy"
@@ -108,6 +108,28 @@ def test_finish_at_the_arrival_instant_is_seen_by_that_arrival() -> None:
     spy = Spy()
     simulate([req(0, 0.0), req(1, finish)], spy, PROFILE, 1)
     assert spy.seen[1][1] == {"w0": 0}  # ENGINE phase runs before ARRIVAL at the same time
+
+
+class UsageSpy(Spy):
+    """Records each usage report: (request id, when, cached tokens)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.usage: list[tuple[int, float, int]] = []
+
+    def on_usage(self, r: SimRequest, worker_id: str, cached_tokens: int, now_s: float) -> None:
+        self.usage.append((r.id, now_s, cached_tokens))
+
+
+def test_usage_comes_with_the_responses_end_and_the_engines_cached_tokens() -> None:
+    shared = (1, 2, 3, 4)
+    reqs = [req(0, 0.0, (*shared, 10), inp=2300), req(1, 5.0, (*shared, 11), inp=2300)]
+    spy = UsageSpy()
+    result = simulate(reqs, spy, PROFILE, 1)
+    assert spy.usage == [
+        (r.id, r.finish_s, r.cached_tokens) for r in result.records
+    ]  # at the end, not the first token
+    assert spy.usage[1][2] == 4 * 512  # the second request hit the shared blocks
 
 
 def test_cache_hits_come_from_the_engine() -> None:
@@ -233,7 +255,7 @@ def test_a_gate_may_ask_to_release_at_first_tokens(on_first_token: bool, release
     assert getattr(first, released_at) <= second.dispatch_s <= getattr(first, released_at) + 0.05
 
 
-class LeastScrapedRunning:
+class LeastScrapedRunning(NoFeedback):
     """Routes on M only: fewest running + waiting at the last scrape, ties in registry order."""
 
     name = "least_scraped"

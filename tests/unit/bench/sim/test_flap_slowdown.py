@@ -13,13 +13,13 @@ from bench.sim.bounds import ttft_floor, ttft_floors
 from bench.sim.cluster import simulate
 from bench.sim.metrics import compute_metrics
 from bench.sim.profiles import load_profile, prefill_time_s
-from bench.sim.types import ClusterView, SimRequest
+from bench.sim.types import ClusterView, NoFeedback, SimRequest
 
 PROFILE = load_profile("h100-llama3.1-8b")
 PREFIX = tuple(range(1, 17))  # 16 blocks = 8,192 shared tokens
 
 
-class Scripted:
+class Scripted(NoFeedback):
     """Routes request i to `plan[i]` (a router that does what the test says)."""
 
     name = "scripted"
@@ -29,10 +29,6 @@ class Scripted:
 
     def route(self, req: SimRequest, cluster: ClusterView, now_s: float) -> str:
         return self.plan[req.id]
-
-    def on_first_token(self, req: SimRequest, worker_id: str, now_s: float) -> None: ...
-
-    def on_finish(self, req: SimRequest, worker_id: str, now_s: float) -> None: ...
 
 
 def hot(i: int, at: float) -> SimRequest:
