@@ -30,12 +30,12 @@ from bench.sim.cluster import simulate
 from bench.sim.profiles import load_profile
 from bench.sim.registry import make_router
 from bench.stats import percentile
-from policy.admission import MEASURED_QUEUE_SIGNAL, QUEUE_SIGNALS
+from policy.admission import DEFAULT_QUEUE_SIGNAL, QUEUE_SIGNALS
 
 
 def run_one(
     requests: Sequence[object], profile_path: Path, workers: int, budget_s: float, slo_s: float,
-    policy: str = "kvgate", signal: str = MEASURED_QUEUE_SIGNAL,
+    policy: str = "kvgate", signal: str = DEFAULT_QUEUE_SIGNAL,
 ) -> dict[str, float]:  # fmt: skip
     profile = load_profile(profile_path)
     gate = QueueGuardGate(profile, budget_s, signal)
@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--policies", default="kvgate", help="routing policies (bench/sim/registry.py names)")
     p.add_argument("--loads", default="0.8,2")
     p.add_argument("--budgets", default="0,0.5,1,2,4", help="max_queue in seconds; 0 = no gate")
-    p.add_argument("--signal", default=MEASURED_QUEUE_SIGNAL, choices=sorted(QUEUE_SIGNALS))
+    p.add_argument("--signal", default=DEFAULT_QUEUE_SIGNAL, choices=sorted(QUEUE_SIGNALS))
     p.add_argument("--requests", type=int, default=300)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--num-gpu-blocks", type=int, default=2500)

@@ -161,8 +161,8 @@ class AdmissionSection:
     shed_low_after_ms: int = 5_000
     # the engine-queue guard at the door: a request below high priority is refused (429 `queue_too_deep`,
     # Retry-After) when the chosen worker's predicted wait before its own prefill (prompts queued ahead
-    # of it, or the lateness that queue already shows) exceeds this; 0 = off, the default (docs/ADMISSION.md;
-    # 1000 is the measured setting)
+    # of it, or the lateness that queue already shows) exceeds this; 0 = off (docs/ADMISSION.md; the
+    # default is the setting measured live, policy/admission.py DEFAULT_MAX_QUEUE_MS)
     max_queue_ms: int = DEFAULT_MAX_QUEUE_MS
     # which predicted wait the guard compares with max_queue_ms: "lateness" = the queued prefill or the
     # most overdue pending request's lateness, whichever is longer (the kvgate policy's `queue-wait`);

@@ -53,14 +53,13 @@ DEFAULT_AGING_MS = 5000
 DEFAULT_QUEUE_MAX = 1024
 DEFAULT_TOKENS_PER_SEAT = 4096
 DEFAULT_MAX_SEATS = 16
-# the engine-queue guard (queue_too_deep; the gateway's `[admission] max_queue_ms`): off by default. The
-# budget it was measured with: at 2x it raised goodput, but live on a loaded machine it also refused
-# requests at 0.8 load, so it is opt-in (docs/BENCHMARKS.md §42)
-DEFAULT_MAX_QUEUE_MS = 0
-DEFAULT_QUEUE_SIGNAL = "lateness"
-# the setting measured live at 2x-4x overload (docs/BENCHMARKS.md §64): the simulator's kvgate_guard runs it
-MEASURED_MAX_QUEUE_MS = 2000
-MEASURED_QUEUE_SIGNAL = "dispatched"
+# the engine-queue guard (queue_too_deep; the gateway's `[admission] max_queue_ms` / `queue_signal`): on
+# by default since session 12, at the setting measured live at 0.8 and 4x (docs/BENCHMARKS.md §64, §67,
+# §70): the SLO as budget on the dispatched prefill (a lower bound of the real wait, so a refused request
+# would have missed the SLO anyway); 0 refusals at 0.8 on every workload, goodput 1.36-1.77x sglang-router's
+# at 4x. The simulator's kvgate_guard gate runs the same default
+DEFAULT_MAX_QUEUE_MS = 2000
+DEFAULT_QUEUE_SIGNAL = "dispatched"
 # the guard's wait signal (`[admission] queue_signal`) -> the routing decision's score that carries it
 # (policy/kvgate.py): the queue's lateness counted, or only the prefill this gateway dispatched, or that
 # dispatched prefill plus the request's own uncached prefill there (its predicted TTFT without lateness:

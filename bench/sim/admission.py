@@ -35,11 +35,11 @@ from bench.sim.profiles import EngineProfile, prefill_time_s
 from bench.sim.types import ClusterView, Router, SimRequest
 from policy.admission import (
     DEFAULT_AGING_MS,
+    DEFAULT_MAX_QUEUE_MS,
     DEFAULT_MAX_SEATS,
+    DEFAULT_QUEUE_SIGNAL,
     DEFAULT_SHARES,
     DEFAULT_TOKENS_PER_SEAT,
-    MEASURED_MAX_QUEUE_MS,
-    MEASURED_QUEUE_SIGNAL,
     AdmissionHooks,
     AdmissionState,
     AdmitCode,
@@ -183,7 +183,7 @@ class QueueGuardGate(BaseGate):
     `max_concurrency`, as in `kvgate bench live`): no seats and no queue, only the engine-queue guard at
     the door with the gateway's rule, on the routing decision as the gateway reads it
     (`policy.admission.door_wait_s` of the chosen worker's scores, `queue_too_deep`; plugin/placement.py),
-    at `[admission]`'s measured budget and signal unless given. It admits every request to routing; the
+    at `[admission]`'s default budget and signal unless given. It admits every request to routing; the
     kvgate policies' router (bench/sim/policy_router.py) asks `refuses` after its decision and before
     its commit (GatedRouter wires it). Routers that predict no wait (the peers, round_robin) are never
     refused, as at the gateway."""
@@ -193,8 +193,8 @@ class QueueGuardGate(BaseGate):
     def __init__(
         self,
         profile: EngineProfile,
-        max_queue_s: float = MEASURED_MAX_QUEUE_MS / 1000,
-        queue_signal: str = MEASURED_QUEUE_SIGNAL,
+        max_queue_s: float = DEFAULT_MAX_QUEUE_MS / 1000,
+        queue_signal: str = DEFAULT_QUEUE_SIGNAL,
     ) -> None:
         super().__init__()
         self.profile = profile
