@@ -337,6 +337,54 @@ def paired_ttft_delta(log_dir: Path, mode: str, base: str = "approximate") -> tu
     return (statistics.median(deltas), len(deltas)) if deltas else None
 
 
+def segments(record: dict[str, object]) -> dict[str, float]:
+    """A decision record's time split, ms: the gateway's loop stages (`stage_us`), arrival → handed
+    upstream (`gateway_ms`), handed upstream → the worker's response headers, headers → first token."""
+    stages = record.get("stage_us")
+    out = {f"stage {k}": v / 1000 for k, v in stages.items()} if isinstance(stages, dict) else {}
+    gateway, headers, ttft = record.get("gateway_ms"), record.get("headers_ms"), record.get("ttft_ms")
+    if isinstance(gateway, int | float):
+        out["arrival → sent"] = gateway
+        if isinstance(headers, int | float):
+            out["sent → worker headers"] = headers - gateway
+    if isinstance(headers, int | float) and isinstance(ttft, int | float):
+        out["headers → first token"] = ttft - headers
+    if isinstance(ttft, int | float):
+        out["ttft"] = ttft
+    return out
+
+
+def paired_segments(log_dir: Path, mode: str, base: str) -> dict[str, tuple[float, float, float]]:
+    """Per segment (`segments`): (median of `base`'s, median of `mode`'s, median over the requests
+    both logged of `mode`'s − `base`'s), ms, from the decision logs in `log_dir`. Empty if one is missing."""
+    runs = []
+    for m in (base, mode):
+        path = log_dir / f"decisions-{m}.jsonl"
+        if not path.exists():
+            return {}
+        records = (json.loads(line) for line in path.read_text().splitlines() if line)
+        runs.append({r["client_request_id"]: segments(r) for r in records if "ttft_ms" in r})
+    theirs, ours = runs
+    both = sorted(ours.keys() & theirs.keys())
+    names = sorted({k for key in both for k in ours[key].keys() | theirs[key].keys()})
+    out = {}
+    for name in names:
+        pairs = [(theirs[k][name], ours[k][name]) for k in both if name in theirs[k] and name in ours[k]]
+        if not pairs:  # a stage only one side has (exact mode's tokenize): its own median
+            a = [theirs[k][name] for k in both if name in theirs[k]]
+            b = [ours[k][name] for k in both if name in ours[k]]
+            out[name] = (
+                statistics.median(a) if a else 0.0, statistics.median(b) if b else 0.0,
+                (statistics.median(b) if b else 0.0) - (statistics.median(a) if a else 0.0),
+            )  # fmt: skip
+            continue
+        out[name] = (
+            statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs),
+            statistics.median(p[1] - p[0] for p in pairs),
+        )  # fmt: skip
+    return out
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.exact_demo", description=__doc__)
     parser.add_argument("--requests", type=int, default=240)
@@ -442,10 +490,14 @@ def main(argv: list[str]) -> int:
               f"{r.throughput_rps:>7.2f} {r.errors:>6}  {json.dumps(extra, sort_keys=True)}")  # fmt: skip
     base = names[0] if args.paired else "approximate"
     logged: dict[str, tuple[float, int] | None] = {}
+    split: dict[str, dict[str, tuple[float, float, float]]] = {}  # the decision records' time split
     for name in [n for n in names if n != base] if args.decision_log else ():
         logged[name] = paired = paired_ttft_delta(args.decision_log, name, base)
         if paired is not None:
             print(f"paired TTFT delta {name} − {base}: median {paired[0]:+.2f} ms, {paired[1]} requests")
+        split[name] = paired_segments(args.decision_log, name, base)
+        for segment, (a, b, diff) in split[name].items():
+            print(f"  {segment:<24} {base} {a:8.3f} ms  {name} {b:8.3f} ms  paired {diff:+.3f} ms")
     first = runs[0][0]
     for (r, _), name in zip(runs[1:], names[1:], strict=True) if args.paired else ():
         delta, hits = client.get(name), client.get(f"{name} hits")
@@ -461,6 +513,8 @@ def main(argv: list[str]) -> int:
             "runs": [{**asdict(r), "extra": extra} for r, extra in runs],
             "client_paired_delta_ms": {k: v[0] for k, v in client.items() if v},
             "logged_paired_delta_ms": {k: v[0] for k, v in logged.items() if v},
+            # per segment: [base's median, this side's median, the paired median of the difference], ms
+            "logged_segments_ms": split,
             "requests": per_request,  # --paired: each side's client results, in request order
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from mitmproxy import http
 from mitmproxy.net.http import url
 
 from plugin.errors import GatewayError
-from plugin.flow import Upstream, accepted, fail_closed, remember
+from plugin.flow import Upstream, accepted, fail_closed, now_s, remember
 from plugin.metrics import GatewayMetrics
 
 
@@ -64,6 +64,7 @@ class Dispatch:
         previous = route.view.sticky_worker  # where this prefix's previous request went (policy/state.py)
         if previous is not None and previous != route.worker.id:
             self.metrics.prefix_switches.inc(parsed.model, state.arm)
+        state.dispatched_at = now_s()
 
 
 # Never forwarded from a client: hop-by-hop headers (RFC 9110 §7.6.1; framing headers stay, mitmproxy

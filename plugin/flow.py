@@ -138,6 +138,7 @@ class FlowState:
     arm: str = "default"
     # hot-path CPU per stage so far, ns (plugin/metrics.py HotPathCpu: added under the arm on release)
     stage_ns: dict[str, int] = field(default_factory=dict)
+    dispatched_at: float = 0.0  # now_s() at the end of the dispatch hook: the request goes upstream next
 
     @property
     def model(self) -> str:

@@ -134,6 +134,7 @@ class Intake:
                 raise GatewayError(400, "invalid_request", str(e)) from None
             state.stage_ns["hash"] = perf_counter_ns() - hashing  # exact mode's /tokenize: its own metric
             if exact:  # token ids (local tokenizer or a worker); the text-chunk hashes only if none
+                tokenizing = perf_counter_ns()
                 prompt = await ctx.router.exact_prompt(
                     parsed.body,
                     parsed.model,
@@ -141,6 +142,9 @@ class Intake:
                     ctx.workers.routable(parsed.model),
                     request_for=endpoint.tokenize_request,
                 )
+                # wall, not CPU: a warm prompt never yields (all of it is the loop's), a cold one's
+                # yields and encoder-thread time are in it, and so is a worker's /tokenize round trip
+                state.stage_ns["tokenize"] = perf_counter_ns() - tokenizing
             state.prompt = prompt
         except GatewayError as e:
             state.refused = ("intake", e.code, e.message)

@@ -179,7 +179,9 @@ class HotPathCpu:
         family = SummaryMetricFamily(
             self.name,
             "CPU of each hot-path stage (parse, hash, route, admit, release) on the event loop thread: "
-            "time of its synchronous code, awaits excluded.",
+            "time of its synchronous code, awaits excluded. Also tokenize (exact mode's token blocks, wall: "
+            "a cold prompt's yields and a worker's /tokenize are in it) and index_feed (applying the "
+            "index log's ops to the mirror, one run per batch, under the default arm).",
             labels=self.label_names,
         )
         for key, (calls, ns) in [(k, list(c)) for k, c in list(self.cells.items())]:  # the hot path adds

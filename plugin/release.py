@@ -165,6 +165,13 @@ class Release:
             sticky_worker=route.view.sticky_worker,
         )
         record.update(state.held.record() if state.held is not None else NOT_HELD)
+        # where the gateway's time went: its loop stages, then the moment it handed the request upstream
+        # and the worker's response headers (each from the arrival)
+        record["stage_us"] = {stage: round(ns / 1000, 1) for stage, ns in state.stage_ns.items()}
+        if state.dispatched_at:
+            record["gateway_ms"] = round((state.dispatched_at - state.received_at) * 1000, 3)
+        if flow.response is not None and flow.response.timestamp_start:
+            record["headers_ms"] = round(flow.response.timestamp_start * 1000 - record["arrival_ms"], 3)
         if state.session is not None:
             record["session"] = {
                 "id": state.session.id, "outcome": state.session.outcome, "close": state.session.close,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.exact_demo import client_paired, interleave, labels, paired_ttft_delta
+from bench.exact_demo import client_paired, interleave, labels, paired_segments, paired_ttft_delta
 from bench.loadgen import LiveRequest, LiveResult
 
 
@@ -23,6 +23,35 @@ def test_requests_pair_by_their_id_and_the_median_difference_is_reported(tmp_pat
     _log(tmp_path / "decisions-exact.jsonl", {"demo-2": 31.0, "demo-0": 15.0, "demo-1": 22.0, "demo-3": 99.0})
     assert paired_ttft_delta(tmp_path, "exact") == (2.0, 3)
     assert paired_ttft_delta(tmp_path, "approximate+events") is None
+
+
+def _record(rid: str, ttft: float, gateway: float, headers: float, **stage_us: float) -> str:
+    return json.dumps(
+        {"client_request_id": rid, "ttft_ms": ttft, "gateway_ms": gateway, "headers_ms": headers,
+         "stage_us": stage_us}
+    )  # fmt: skip
+
+
+def test_the_time_split_pairs_each_segment_and_a_stage_one_side_lacks_gets_its_own_median(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "decisions-approximate.jsonl").write_text(
+        _record("a", 30.0, 1.0, 10.0, route=100.0) + "\n" + _record("b", 40.0, 2.0, 20.0, route=300.0) + "\n"
+    )
+    (tmp_path / "decisions-exact.jsonl").write_text(
+        _record("b", 43.0, 4.0, 21.0, route=400.0, tokenize=900.0)
+        + "\n"
+        + _record("a", 31.0, 2.0, 10.0, route=200.0, tokenize=700.0)
+        + "\n"
+    )
+    split = paired_segments(tmp_path, "exact", "approximate")
+    assert split["ttft"] == (35.0, 37.0, 2.0)
+    assert split["arrival → sent"] == (1.5, 3.0, 1.5)
+    assert split["sent → worker headers"] == (13.5, 12.5, -1.0)  # (9, 18) against (8, 17)
+    assert split["headers → first token"] == (20.0, 21.5, 1.5)
+    assert split["stage route"] == pytest.approx((0.2, 0.3, 0.1))
+    assert split["stage tokenize"] == pytest.approx((0.0, 0.8, 0.8))
+    assert paired_segments(tmp_path, "approximate+events", "approximate") == {}
 
 
 def test_a_repeated_mode_gets_its_own_name() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -135,6 +136,31 @@ async def test_admitted_request_is_rerouted_and_released_once(gate: KvGate) -> N
     gate.error(flow)
     assert gate.releases == 1  # response and error both fired; released exactly once
     await until_released_in_redis(gate)
+
+
+async def test_the_decision_record_splits_the_gateways_time(
+    redis: aioredis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "decisions.jsonl"
+    config = tmp_path / "kvgate.toml"
+    config.write_text(f'[auth]\nenabled = false\n[decision_log]\nredis_stream = false\nfile = "{log}"\n')
+    await registry.register(
+        redis, WorkerRecord(id="w0", model=MODEL, url="http://10.1.2.3:8000"), 60_000, wall_ms()
+    )
+    async with running_gate(config, redis_url) as gate:
+        flow = request_flow()
+        await run_request(gate, flow)
+        assert flow.response is None
+        await asyncio.sleep(0.02)  # the worker's headers come 20 ms after the request went upstream
+        flow.response = tutils.tresp(content=b'{"usage": {"completion_tokens": 3}}')
+        flow.response.timestamp_start = time.time()
+        gate.responseheaders(flow)
+        gate.response(flow)
+        await until(lambda: log.exists() and bool(log.read_text()), "the decision record")
+    record = json.loads(log.read_text().splitlines()[0])
+    assert set(record["stage_us"]) == {"parse", "hash", "admit", "route"}  # approximate: no tokenize
+    assert 0 < sum(record["stage_us"].values()) / 1000 <= record["gateway_ms"]
+    assert record["gateway_ms"] + 20 <= record["headers_ms"] <= record["latency_ms"]
 
 
 async def test_client_gone_mid_stream_releases(gate: KvGate) -> None:
