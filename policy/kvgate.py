@@ -126,9 +126,12 @@ class KvgatePolicy:
         hot = req.prefix_rate >= c.replicas.hot_rate_per_s
         bonus = c.sticky.bonus if (c.sticky.hot_bonus or not hot) else 0.0
         busy = self.cost.busy_weight(req, candidates)
-        lead = self._holder_ttft(req, candidates, hits) if replicate and self._young_bounded(req) else None
+        young = replicate and self._young_bounded(req)
         priced = replicate and c.replicas.proactive_when == "priced"
-        best_holder = self._holder_ttft(req, candidates, hits) if priced else None
+        # the best holder's TTFT, which both the young window's gain and the priced copy are measured against
+        holder_ttft = self._holder_ttft(req, candidates, hits) if young or priced else None
+        lead = holder_ttft if young else None
+        best_holder = holder_ttft if priced else None
         for w in candidates:
             hit = hits[w.id]
             ttft_s, miss_s, cost_s = self.cost.parts(req, w, hit, kept[w.id], busy)
